@@ -1,0 +1,116 @@
+"""The ``retrain`` command: one sub-command per stage; it parses arguments and calls the stage."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from retrain.errors import RetrainError
+
+app = typer.Typer(
+    name="retrain",
+    help="Keep an object detector current: ingest labelled batches, merge, validate, train, evaluate, promote.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+log = logging.getLogger("retrain")
+
+ProjectOpt = Annotated[Path, typer.Option("--project", "-C", help="Workspace root (default: current folder).")]
+
+
+@app.callback()
+def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+
+
+def _out(line: str) -> None:
+    typer.echo(line)
+
+
+@app.command()
+def init(directory: Annotated[Path, typer.Argument(help="New workspace folder.")],
+         remote: Annotated[str, typer.Option(help="Default DVC remote (path or URL).")] = "") -> None:
+    """Make a new workspace: pipeline files, data/incoming, git + DVC, a local DVC remote."""
+    from retrain.workspace import DEFAULT_REMOTE, init_workspace
+
+    paths = init_workspace(directory, remote or DEFAULT_REMOTE)
+    _out(f"workspace ready: {paths.root}")
+
+
+@app.command("sample-data")
+def sample_data(
+    out: Annotated[Path, typer.Argument(help="Folder to write batch-1..batch-N into.")],
+    batches: Annotated[int, typer.Option(min=1, max=20)] = 3,
+    images_per_batch: Annotated[int, typer.Option(min=1, max=100_000)] = 40,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Generate procedural sample batches (COCO JSON + JPEG); later batches shift and add a class."""
+    from retrain.data.sample import generate
+
+    for b in generate(out, batches, images_per_batch, seed):
+        _out(f"{b.path}: {b.images} images, {b.boxes} boxes, classes {', '.join(b.classes)}")
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help="Batch folder: COCO JSON, YOLO txt or Pascal VOC.")],
+    name: Annotated[str | None, typer.Option(help="Name in data/batches (default: folder name).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="auto, coco, yolo or voc.")] = "auto",
+    project: ProjectOpt = Path("."),
+) -> None:
+    """Check a batch and add it to data/batches as an immutable, DVC-tracked batch."""
+    from retrain.config import load_params
+    from retrain.data.ingest import ingest as run_ingest
+    from retrain.paths import Paths
+
+    paths = Paths.at(project)
+    result = run_ingest(paths, path, load_params(paths.params).ingest, name, fmt)
+    for note in result.notes:
+        _out(f"note: batch {result.name}: {note}")
+    if result.added:
+        _out(f"batch {result.name} added: {result.images} images, {result.boxes} boxes")
+    else:
+        _out(f"batch {result.name} already ingested with the same content; nothing changed")
+
+
+@app.command()
+def merge(project: ProjectOpt = Path(".")) -> None:
+    """Merge every ingested batch into data/master (a DVC stage)."""
+    from retrain.config import load_params
+    from retrain.data.merge import merge as run_merge
+    from retrain.paths import Paths
+
+    paths = Paths.at(project)
+    t = run_merge(paths, load_params(paths.params).merge).report["totals"]
+    _out(f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
+         f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)")
+
+
+@app.command()
+def demo(
+    workspace: Annotated[Path, typer.Option(help="Workspace folder (made if missing).")] = Path("retrain-demo"),
+    batches: Annotated[int, typer.Option(min=1, max=20)] = 2,
+    images_per_batch: Annotated[int, typer.Option(min=1, max=10_000)] = 40,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Run the loop on generated sample data in a fresh workspace: one ingest + `dvc repro` per batch."""
+    from retrain.demo import run_demo
+
+    for line in run_demo(workspace, batches, images_per_batch, seed):
+        _out(line)
+
+
+def main() -> None:
+    """Console entry point: expected failures print their lines and exit non-zero, without a traceback."""
+    try:
+        app()
+    except RetrainError as e:
+        for line in e.lines():
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(e.exit_code)

@@ -1,0 +1,1 @@
+"""Datasets: batch formats, ingest, merge, sample data."""

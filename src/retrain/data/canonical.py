@@ -1,0 +1,119 @@
+"""The canonical form of an ingested batch, whatever format it came in.
+
+``data/batches/<name>/`` holds:
+
+- ``images/...``: the image files, byte for byte as received;
+- ``annotations.json``: COCO (``file_name`` relative to ``images/``; each image also carries its
+  ``sha256``; boxes in pixels of the displayed image; category ids 1..K in the batch's own order);
+- ``batch.json``: name, ingest sequence number, source format, content hash, counts, notes.
+
+The merge reads only ``annotations.json`` and ``batch.json``: an admitted image is never read again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain.data.checks import CheckedImage
+from retrain.fsutil import dumps_canonical
+
+ANNOTATIONS = "annotations.json"
+META = "batch.json"
+IMAGES = "images"
+SCHEMA = "retrain-batch/1"
+
+
+@dataclass(frozen=True)
+class CanonicalBatch:
+    """A batch ready to be written: its COCO document and the files it names."""
+
+    coco: dict[str, Any]
+    files: tuple[tuple[str, Path, str], ...]  # (name under images/, source file, sha256)
+    content_sha256: str
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """``batch.json`` of an ingested batch."""
+
+    name: str
+    seq: int
+    source_format: str
+    content_sha256: str
+    images: int
+    boxes: int
+    notes: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "name": self.name,
+            "seq": self.seq,
+            "source_format": self.source_format,
+            "content_sha256": self.content_sha256,
+            "counts": {"images": self.images, "boxes": self.boxes},
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BatchMeta:
+        return cls(d["name"], int(d["seq"]), d["source_format"], d["content_sha256"],
+                   int(d["counts"]["images"]), int(d["counts"]["boxes"]), tuple(d.get("notes", ())))
+
+
+def build(categories: list[str], images: list[CheckedImage]) -> CanonicalBatch:
+    """Build the canonical COCO document of a checked batch (sorted by file name, ids from 1).
+
+    Args:
+        categories: The batch's class names, in its own order.
+        images: The checked images.
+
+    Returns:
+        The document, the files to copy and a content hash that ignores the batch's name.
+    """
+    coco_images, anns, files = [], [], []
+    for image_id, img in enumerate(sorted(images, key=lambda i: i.name), start=1):
+        coco_images.append({"id": image_id, "file_name": img.name, "width": img.info.width,
+                            "height": img.info.height, "sha256": img.info.sha256})
+        files.append((img.name, img.source, img.info.sha256))
+        for cat, x, y, w, h in img.boxes:
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": cat + 1,
+                         "bbox": [x, y, w, h], "area": round(w * h, 4), "iscrowd": 0})
+    coco = {"categories": [{"id": i + 1, "name": n} for i, n in enumerate(categories)],
+            "images": coco_images, "annotations": anns}
+    digest = hashlib.sha256(dumps_canonical(coco).encode()).hexdigest()
+    return CanonicalBatch(coco, tuple(files), digest)
+
+
+def read_meta(batch_dir: Path) -> BatchMeta:
+    """Read ``batch.json`` of an ingested batch."""
+    return BatchMeta.from_json(json.loads((batch_dir / META).read_text(encoding="utf-8")))
+
+
+def read_annotations(batch_dir: Path) -> dict[str, Any]:
+    """Read ``annotations.json`` of an ingested batch."""
+    doc: dict[str, Any] = json.loads((batch_dir / ANNOTATIONS).read_text(encoding="utf-8"))
+    return doc
+
+
+def ingested_batches(batches_dir: Path) -> list[tuple[Path, BatchMeta]]:
+    """The admitted batches (a ``<name>.dvc`` file and a ``batch.json``), in ingest order.
+
+    Args:
+        batches_dir: ``data/batches``.
+
+    Returns:
+        ``(directory, meta)`` pairs sorted by sequence number.
+    """
+    if not batches_dir.is_dir():
+        return []
+    out = []
+    for d in batches_dir.iterdir():
+        if d.is_dir() and not d.name.startswith(".") and (batches_dir / f"{d.name}.dvc").is_file() \
+                and (d / META).is_file():
+            out.append((d, read_meta(d)))
+    return sorted(out, key=lambda t: (t[1].seq, t[1].name))

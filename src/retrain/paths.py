@@ -1,0 +1,68 @@
+"""Every artifact path of a workspace, in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Paths of one retrain workspace (a git + DVC project holding ``dvc.yaml``).
+
+    Attributes:
+        root: The workspace root.
+    """
+
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | Path) -> Paths:
+        """Build the paths for the workspace at ``root`` (made absolute, not required to exist)."""
+        return cls(Path(root).resolve())
+
+    @property
+    def params(self) -> Path:
+        return self.root / "params.yaml"
+
+    @property
+    def dvc_yaml(self) -> Path:
+        return self.root / "dvc.yaml"
+
+    @property
+    def data(self) -> Path:
+        """The data root: every image path in the master is relative to it."""
+        return self.root / "data"
+
+    @property
+    def incoming(self) -> Path:
+        return self.data / "incoming"
+
+    @property
+    def batches(self) -> Path:
+        return self.data / "batches"
+
+    @property
+    def master(self) -> Path:
+        return self.data / "master"
+
+    @property
+    def staging(self) -> Path:
+        """Scratch space on the same filesystem as ``data/`` (git- and DVC-ignored), for atomic renames."""
+        return self.data / ".staging"
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    @property
+    def merge_report(self) -> Path:
+        return self.reports / "merge.json"
+
+    def batch(self, name: str) -> Path:
+        """Directory of the ingested batch ``name``."""
+        return self.batches / name
+
+    def batch_dvc_file(self, name: str) -> Path:
+        """The ``.dvc`` file that tracks batch ``name``."""
+        return self.batches / f"{name}.dvc"

@@ -1,0 +1,134 @@
+"""A retrain workspace: a git repository that is also a DVC project holding the pipeline files.
+
+The only module that drives git and DVC (through their command lines, the stable interface);
+stage code calls these helpers and never imports DVC itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+from retrain.errors import ExternalToolError, WorkspaceError
+from retrain.paths import Paths
+
+log = logging.getLogger(__name__)
+
+#: The embedded default DVC remote: a folder outside any workspace.
+DEFAULT_REMOTE = "~/.cache/retrain/dvc-remote"
+
+#: Files copied from ``retrain/templates`` into a new workspace: template name -> workspace path.
+TEMPLATE_FILES = {
+    "dvc.yaml": "dvc.yaml",
+    "params.yaml": "params.yaml",
+    "gitignore": ".gitignore",
+    "dvcignore": ".dvcignore",
+    "data.gitignore": "data/.gitignore",
+}
+
+_GIT_IDENTITY = ["-c", "user.name=retrain", "-c", "user.email=retrain@localhost"]
+
+
+def run_tool(args: list[str], cwd: Path, what: str) -> str:
+    """Run a command line tool; raise ``ExternalToolError`` with its last line when it fails.
+
+    Args:
+        args: The command and its arguments.
+        cwd: Working directory.
+        what: What we were doing, for the message.
+
+    Returns:
+        The tool's standard output.
+    """
+    try:
+        # DVC_NO_ANALYTICS: nothing leaves this machine. This interpreter's bin folder goes first on PATH so
+        # that the `retrain` commands in dvc.yaml run from the same environment, activated or not.
+        bindir = os.path.dirname(sys.executable)
+        env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+        proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+    except OSError as e:
+        raise ExternalToolError(f"{what}: cannot run {args[0]} ({e})") from e
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        raise ExternalToolError(f"{what}: {' '.join(args[:3])} failed: {lines[-1] if lines else proc.returncode}")
+    return proc.stdout
+
+
+def dvc(args: list[str], cwd: Path, what: str) -> str:
+    """Run ``dvc`` from this interpreter's environment."""
+    return run_tool([sys.executable, "-m", "dvc", *args], cwd, what)
+
+
+def git(args: list[str], cwd: Path, what: str) -> str:
+    """Run ``git`` with a fallback identity (used only where none is configured)."""
+    return run_tool(["git", *_GIT_IDENTITY, *args], cwd, what)
+
+
+def require_workspace(paths: Paths) -> None:
+    """Raise ``WorkspaceError`` unless ``paths.root`` is a retrain workspace."""
+    missing = [n for n in ("dvc.yaml", "params.yaml", ".dvc") if not (paths.root / n).exists()]
+    if missing:
+        raise WorkspaceError(
+            f"{paths.root} is not a retrain workspace (missing {', '.join(missing)}); "
+            "run 'retrain init DIR' or use -C to point at one"
+        )
+
+
+def template_text(name: str) -> str:
+    """Text of a packaged template file."""
+    return resources.files("retrain").joinpath("templates", name).read_text(encoding="utf-8")
+
+
+def init_workspace(target: Path, remote: str = DEFAULT_REMOTE) -> Paths:
+    """Make a new workspace: pipeline files, ``data/incoming``, ``git init``, ``dvc init``, local remote.
+
+    Args:
+        target: A folder that does not exist or is empty.
+        remote: URL or path of the default DVC remote.
+
+    Returns:
+        The new workspace's paths.
+
+    Raises:
+        WorkspaceError: ``target`` exists and is not empty.
+    """
+    if target.exists() and any(target.iterdir()):
+        raise WorkspaceError(f"{target}: exists and is not empty; choose a new folder")
+    if shutil.which("git") is None:
+        raise WorkspaceError("git is not installed; retrain versions its workspace with git and DVC")
+    target.mkdir(parents=True, exist_ok=True)
+    paths = Paths.at(target)
+    try:
+        for src, dst in TEMPLATE_FILES.items():
+            out = paths.root / dst
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(template_text(src), encoding="utf-8")
+        for d in (paths.incoming, paths.batches):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / ".gitkeep").touch()
+        git(["init", "-q", "-b", "main"], paths.root, "git init")
+        dvc(["init", "-q"], paths.root, "dvc init")
+        dvc(["config", "core.autostage", "true"], paths.root, "dvc config")
+        dvc(["remote", "add", "-d", "local", remote], paths.root, "dvc remote add")
+        git(["add", "-A"], paths.root, "git add")
+        git(["commit", "-q", "-m", "retrain workspace"], paths.root, "git commit")
+    except Exception:
+        shutil.rmtree(paths.root, ignore_errors=True)
+        raise
+    log.info("workspace ready at %s (DVC remote %s)", paths.root, remote)
+    return paths
+
+
+
+def commit(paths: Paths, message: str) -> bool:
+    """Stage everything git does not ignore and commit it; False when there was nothing to commit."""
+    git(["add", "-A"], paths.root, "git add")
+    if not git(["status", "--porcelain"], paths.root, "git status").strip():
+        return False
+    git(["commit", "-q", "-m", message], paths.root, "git commit")
+    return True

@@ -1,0 +1,1 @@
+"""Thin Prefect task wrappers around the stages (retries, timeouts, artifacts)."""

@@ -1,0 +1,126 @@
+"""Test helpers: run the CLI for real, snapshot workspace state, write other batch formats."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data() -> Path | None:
+    """``../shared/data`` beside the checkout (or ``RETRAIN_SHARED_DATA``), if present."""
+    p = Path(os.environ.get("RETRAIN_SHARED_DATA", REPO.parent / "shared" / "data"))
+    return p if p.is_dir() else None
+
+
+def run_cli(*args: str | Path, cwd: Path, env: dict[str, str] | None = None, check: bool = False
+            ) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m retrain ARGS`` in ``cwd`` as a user would."""
+    full_env = {**os.environ, "YOLO_OFFLINE": "true", **(env or {})}
+    bindir = os.path.dirname(sys.executable)
+    full_env["PATH"] = bindir + os.pathsep + full_env.get("PATH", "")
+    proc = subprocess.run([sys.executable, "-m", "retrain", *map(str, args)], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"retrain {args} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_dvc(*args: str, cwd: Path) -> str:
+    """Run real DVC; fail the test with its output if it fails."""
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "DVC_NO_ANALYTICS": "1",
+                               "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+    assert proc.returncode == 0, f"dvc {args}: {proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True).stdout
+
+
+def tree_hash(path: Path) -> str:
+    """sha256 over every file (path + bytes) under ``path``; '' when absent."""
+    if not path.exists():
+        return ""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Everything that must not change when a batch is refused: data/, DVC files, git index and status."""
+    return {
+        "data": tree_hash(root / "data"),
+        "dvc.lock": tree_hash(root / "dvc.lock"),
+        "dvc-cache": tree_hash(root / ".dvc" / "cache"),
+        "git-index": git("ls-files", "-s", cwd=root),
+        "git-status": git("status", "--porcelain", "--untracked-files=all", cwd=root),
+        "git-head": git("rev-parse", "HEAD", cwd=root),
+    }
+
+
+def copy_batch(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def load_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def coco_to_voc(coco_batch: Path, out: Path) -> Path:
+    """Write a COCO sample batch as Pascal VOC (JPEGImages/ + Annotations/*.xml)."""
+    doc = load_json(coco_batch / "annotations.json")
+    cats = {c["id"]: c["name"] for c in doc["categories"]}
+    (out / "JPEGImages").mkdir(parents=True)
+    (out / "Annotations").mkdir()
+    for im in doc["images"]:
+        shutil.copy(coco_batch / "images" / im["file_name"], out / "JPEGImages" / im["file_name"])
+        root = ET.Element("annotation")
+        ET.SubElement(root, "filename").text = im["file_name"]
+        size = ET.SubElement(root, "size")
+        ET.SubElement(size, "width").text = str(im["width"])
+        ET.SubElement(size, "height").text = str(im["height"])
+        ET.SubElement(size, "depth").text = "3"
+        for a in doc["annotations"]:
+            if a["image_id"] != im["id"]:
+                continue
+            obj = ET.SubElement(root, "object")
+            ET.SubElement(obj, "name").text = cats[a["category_id"]]
+            bb = ET.SubElement(obj, "bndbox")
+            x, y, w, h = a["bbox"]
+            for k, v in (("xmin", x), ("ymin", y), ("xmax", x + w), ("ymax", y + h)):
+                ET.SubElement(bb, k).text = repr(float(v))
+        ET.ElementTree(root).write(out / "Annotations" / (Path(im["file_name"]).stem + ".xml"))
+    return out
+
+
+def coco_to_yolo(coco_batch: Path, out: Path) -> Path:
+    """Write a COCO sample batch in the ultralytics YOLO layout."""
+    doc = load_json(coco_batch / "annotations.json")
+    cats = sorted(doc["categories"], key=lambda c: c["id"])
+    index = {c["id"]: i for i, c in enumerate(cats)}
+    (out / "images" / "train").mkdir(parents=True)
+    (out / "labels" / "train").mkdir(parents=True)
+    (out / "data.yaml").write_text("names:\n" + "".join(f"  {i}: {c['name']}\n" for i, c in enumerate(cats)))
+    for im in doc["images"]:
+        shutil.copy(coco_batch / "images" / im["file_name"], out / "images" / "train" / im["file_name"])
+        lines = []
+        for a in doc["annotations"]:
+            if a["image_id"] == im["id"]:
+                x, y, w, h = a["bbox"]
+                W, H = im["width"], im["height"]
+                lines.append(f"{index[a['category_id']]} {(x + w / 2) / W:.6f} {(y + h / 2) / H:.6f} "
+                             f"{w / W:.6f} {h / H:.6f}")
+        (out / "labels" / "train" / (Path(im["file_name"]).stem + ".txt")).write_text("\n".join(lines) + "\n")
+    return out
