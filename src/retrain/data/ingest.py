@@ -155,10 +155,10 @@ def ingest(paths: Paths, source: Path, params: IngestParams, name: str | None = 
         if meta.content_sha256 == batch.content_sha256:
             log.info("batch %s: same content as ingested batch %s; nothing changed", name, meta.name)
             return IngestResult(meta.name, False, *counts, notes)
+    remove_unadmitted(paths)
     if paths.batch(name).exists() or paths.batch_dvc_file(name).exists():
         raise RetrainError(f"batch {name}: a batch of that name exists with other content; batches are "
                            "immutable, so ingest this one under a new --name")
-    remove_unadmitted(paths)
     seq = max((m.seq for _, m in existing), default=0) + 1
     stage = _write_batch(paths, name, parsed.format, batch, notes, seq)
     _admit(paths, name, stage)

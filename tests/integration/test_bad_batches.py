@@ -1,0 +1,170 @@
+"""Bad batches are refused by the real CLI: exit 1, one line naming batch, file and rule; nothing changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from retrain.paths import Paths
+from retrain.workspace import init_workspace
+from tests.helpers import coco_to_yolo, copy_batch, run_cli, snapshot
+from tests.unit.test_checks import bomb_png
+
+
+@pytest.fixture(scope="module")
+def ws_with_batch(tmp_path_factory: pytest.TempPathFactory, sample_root: Path) -> Paths:
+    """A workspace that already holds batch-1, so 'nothing changed' is checked against real state."""
+    tmp = tmp_path_factory.mktemp("badws")
+    paths = init_workspace(tmp / "ws", remote=str(tmp / "remote"))
+    run_cli("ingest", sample_root / "batch-1", cwd=paths.root, check=True)
+    return paths
+
+
+def _edit(batch: Path, fn: Callable[[dict], None]) -> None:
+    p = batch / "annotations.json"
+    doc = json.loads(p.read_text())
+    fn(doc)
+    p.write_text(json.dumps(doc))
+
+
+def _first_image(batch: Path) -> Path:
+    doc = json.loads((batch / "annotations.json").read_text())
+    return batch / "images" / doc["images"][0]["file_name"]
+
+
+def box_outside(b: Path) -> tuple[str, str]:
+    def f(doc):
+        im = doc["images"][0]
+        a = next(a for a in doc["annotations"] if a["image_id"] == im["id"])
+        a["bbox"] = [im["width"] - 5, 2, 50, 20]
+    _edit(b, f)
+    return "annotations.json", "box-inside-image"
+
+
+def unknown_class(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["annotations"][0].update(category_id=99))
+    return "annotations.json", "known-class"
+
+
+def missing_image(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    img.unlink()
+    return img.name, "file-exists"
+
+
+def truncated_jpeg(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    data = img.read_bytes()
+    img.write_bytes(data[: len(data) // 2])
+    return f"images/{img.name}", "image-decodes"
+
+
+def dotdot_path(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["images"][0].update(file_name="../../etc/passwd"))
+    return "../../etc/passwd", "path-inside-batch"
+
+
+def absolute_path(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["images"][0].update(file_name="/etc/passwd"))
+    return "/etc/passwd", "path-inside-batch"
+
+
+def symlink_out(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    outside = b.parent / f"outside-{b.name}.jpg"
+    shutil.copy(img, outside)
+    img.unlink()
+    img.symlink_to(outside)
+    return f"images/{img.name}", "path-inside-batch"
+
+
+def python_tag_yaml(b: Path) -> tuple[str, str]:
+    yolo = coco_to_yolo(b, b.parent / f"{b.name}-yolo")
+    shutil.rmtree(b)
+    yolo.rename(b)
+    (b / "data.yaml").write_text("names: !!python/object/apply:os.system ['touch /tmp/retrain-canary']\n")
+    return "data.yaml", "safe-yaml"
+
+
+def random_bytes(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    img.write_bytes(os.urandom(4096))
+    return f"images/{img.name}", "image-decodes"
+
+
+def zero_bytes(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    img.write_bytes(b"")
+    return f"images/{img.name}", "image-decodes"
+
+
+def nan_coordinate(b: Path) -> tuple[str, str]:
+    p = b / "annotations.json"
+    doc = json.loads(p.read_text())
+    doc["annotations"][0]["bbox"][0] = float("nan")
+    p.write_text(json.dumps(doc))  # json writes NaN, as some tools do
+    return "annotations.json", "box-finite"
+
+
+def duplicate_annotation_id(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["annotations"][1].update(id=d["annotations"][0]["id"]))
+    return "annotations.json", "unique-id"
+
+
+def unlisted_file(b: Path) -> tuple[str, str]:
+    shutil.copy(_first_image(b), b / "images" / "extra.jpg")
+    return "images/extra.jpg", "listed-file"
+
+
+def size_mismatch(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["images"][0].update(width=d["images"][0]["width"] + 10))
+    return f"images/{_first_image(b).name}", "image-size"
+
+
+def exif_rotated(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    im = Image.open(img)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # displayed rotated by 90 degrees; the labels are in the stored frame
+    im.save(img, format="JPEG", exif=exif)
+    return f"images/{img.name}", "image-size"
+
+
+def decompression_bomb(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    bomb_png(img)
+    return f"images/{img.name}", "image-decodes"
+
+
+def fifo(b: Path) -> tuple[str, str]:
+    img = _first_image(b)
+    img.unlink()
+    os.mkfifo(img)
+    return img.name, "path-inside-batch"
+
+
+CASES = [box_outside, unknown_class, missing_image, truncated_jpeg, dotdot_path, absolute_path, symlink_out,
+         python_tag_yaml, random_bytes, zero_bytes, nan_coordinate, duplicate_annotation_id, unlisted_file,
+         size_mismatch, exif_rotated, decompression_bomb, fifo]
+
+
+@pytest.mark.parametrize("defect", CASES, ids=[c.__name__ for c in CASES])
+def test_bad_batch_is_refused_and_nothing_changes(defect, ws_with_batch: Paths, sample_root: Path, tmp_path: Path):
+    batch = copy_batch(sample_root / "batch-2", tmp_path / "incoming" / defect.__name__)
+    file, rule = defect(batch)
+    before = snapshot(ws_with_batch.root)
+    proc = run_cli("ingest", batch, cwd=ws_with_batch.root)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    expected = f"batch {defect.__name__}: {file}"
+    lines = [ln for ln in proc.stderr.splitlines() if f"[{rule}]" in ln]
+    assert any(expected in ln for ln in lines), f"no line with {expected!r} and [{rule}] in:\n{proc.stderr}"
+    assert proc.stderr.rstrip().endswith("nothing was changed")
+    assert snapshot(ws_with_batch.root) == before
+    assert not Path("/tmp/retrain-canary").exists()

@@ -1,0 +1,135 @@
+"""Ingest + merge with real git and DVC: old and new data together, versioned, reproducible, kill-safe."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+from retrain.paths import Paths
+from tests.helpers import git, load_json, run_cli, run_dvc, tree_hash
+
+
+def _manifest(paths: Paths) -> dict[str, dict[str, str]]:
+    with open(paths.master / "manifest.csv", newline="") as f:
+        return {row["sha256"]: row for row in csv.DictReader(f)}
+
+
+def _commit(paths: Paths, msg: str) -> None:
+    git("-c", "user.name=t", "-c", "user.email=t@t", "add", "-A", cwd=paths.root)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", msg, cwd=paths.root)
+
+
+def test_two_batches_versioned_together(workspace: Paths, sample_root: Path):
+    ws = workspace.root
+    run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    run_dvc("repro", cwd=ws)
+    _commit(workspace, "batch-1")
+    v1_hash, v1_lock = tree_hash(workspace.master), (ws / "dvc.lock").read_text()
+    v1 = load_json(workspace.master / "annotations.json")
+    v1_split = {r["sha256"]: r["split"] for r in _manifest(workspace).values()}
+
+    run_cli("ingest", sample_root / "batch-2", cwd=ws, check=True)
+    assert "data/master" in run_dvc("status", cwd=ws) or "changed" in run_dvc("status", cwd=ws)
+    run_dvc("repro", cwd=ws)
+    _commit(workspace, "batch-2")
+    v2 = load_json(workspace.master / "annotations.json")
+    manifest = _manifest(workspace)
+
+    # The master holds both batches: old and new train together.
+    assert {r["batch"] for r in manifest.values()} == {"batch-1", "batch-2"}
+    assert len(v2["images"]) == len(v1["images"]) + 12
+    # Old class ids unchanged; the new class gets the next id.
+    old = {c["name"]: c["id"] for c in v1["categories"]}
+    new = {c["name"]: c["id"] for c in v2["categories"]}
+    assert all(new[n] == i for n, i in old.items())
+    assert new["star"] == max(old.values()) + 1
+    # Every image keeps its split.
+    assert all(manifest[sha]["split"] == s for sha, s in v1_split.items())
+    assert {"train", "val"} <= {r["split"] for r in manifest.values()}
+    # DVC agrees that everything is up to date.
+    assert "up to date" in run_dvc("status", cwd=ws).lower()
+
+    # Merging again gives the same bytes, so the DVC hash does not move.
+    v2_lock = (ws / "dvc.lock").read_text()
+    run_dvc("repro", "-f", cwd=ws)
+    assert (ws / "dvc.lock").read_text() == v2_lock
+    assert "up to date" in run_dvc("status", cwd=ws).lower()
+
+    # Going back: the previous dvc.lock + dvc checkout gives master v1 byte for byte.
+    rev1 = git("rev-list", "--max-count=1", "HEAD~1", cwd=ws).strip()
+    git("checkout", rev1, "--", "dvc.lock", cwd=ws)
+    assert (ws / "dvc.lock").read_text() == v1_lock
+    run_dvc("checkout", "data/master", cwd=ws)
+    assert tree_hash(workspace.master) == v1_hash
+
+
+def test_push_to_the_local_remote_and_pull_into_a_clone(workspace: Paths, sample_root: Path, tmp_path: Path):
+    ws = workspace.root
+    run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    run_dvc("repro", cwd=ws)
+    _commit(workspace, "batch-1")
+    run_dvc("push", cwd=ws)
+    clone = tmp_path / "clone"
+    git("clone", "-q", str(ws), str(clone), cwd=tmp_path)
+    run_dvc("pull", cwd=clone)
+    assert tree_hash(clone / "data" / "master") == tree_hash(workspace.master)
+    assert tree_hash(clone / "data" / "batches") == tree_hash(workspace.batches)
+    assert "up to date" in run_dvc("status", cwd=clone).lower()
+
+
+def test_same_batch_again_changes_nothing(workspace: Paths, sample_root: Path):
+    from tests.helpers import snapshot
+
+    ws = workspace.root
+    run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    before = snapshot(ws)
+    again = run_cli("ingest", sample_root / "batch-1", "--name", "batch-1-again", cwd=ws)
+    assert again.returncode == 0
+    assert "already ingested with the same content; nothing changed" in again.stdout
+    assert snapshot(ws) == before
+    # A different batch under a taken name is refused: batches are immutable.
+    taken = run_cli("ingest", sample_root / "batch-2", "--name", "batch-1", cwd=ws)
+    assert taken.returncode == 1 and "exists with other content" in taken.stderr
+    assert snapshot(ws) == before
+
+
+def test_killed_merge_leaves_the_old_master_usable(workspace: Paths, sample_root: Path):
+    ws = workspace.root
+    run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    run_cli("merge", cwd=ws, check=True)
+    old_hash = tree_hash(workspace.master)
+    old_report = (workspace.merge_report).read_text()
+    run_cli("ingest", sample_root / "batch-2", cwd=ws, check=True)
+    for site in ("merge.half-written", "merge.before-swap"):
+        killed = run_cli("merge", cwd=ws, env={"RETRAIN_FAULT": site})
+        assert killed.returncode == -9, (site, killed.stderr)
+        assert tree_hash(workspace.master) == old_hash
+        assert workspace.merge_report.read_text() == old_report
+        master = load_json(workspace.master / "annotations.json")  # still parses: usable
+        assert len(master["images"]) == 12
+    done = run_cli("merge", cwd=ws, check=True)
+    assert "master: 24 images" in done.stdout
+    assert len(load_json(workspace.master / "annotations.json")["images"]) == 24
+
+
+def test_killed_ingest_is_never_admitted(workspace: Paths, sample_root: Path):
+    ws = workspace.root
+    killed = run_cli("ingest", sample_root / "batch-1", cwd=ws, env={"RETRAIN_FAULT": "ingest.before-dvc-add"})
+    assert killed.returncode == -9
+    assert run_cli("merge", cwd=ws, check=True).stdout.startswith("master: 0 images")
+    ok = run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    assert "batch batch-1 added: 12 images" in ok.stdout
+    assert (workspace.batches / "batch-1.dvc").is_file()
+
+
+def test_init_makes_a_workspace_and_refuses_a_non_empty_folder(tmp_path: Path):
+    made = run_cli("init", tmp_path / "new", "--remote", tmp_path / "remote", cwd=tmp_path, check=True)
+    assert "workspace ready" in made.stdout
+    for f in ("dvc.yaml", "params.yaml", ".dvc/config", "data/incoming/.gitkeep", ".gitignore"):
+        assert (tmp_path / "new" / f).exists(), f
+    assert str(tmp_path / "remote") in (tmp_path / "new" / ".dvc" / "config").read_text()
+    assert git("status", "--porcelain", cwd=tmp_path / "new") == ""
+    again = run_cli("init", tmp_path / "new", cwd=tmp_path)
+    assert again.returncode == 1 and "not empty" in again.stderr
+    shutil.rmtree(tmp_path / "new")
