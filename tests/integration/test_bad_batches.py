@@ -55,7 +55,7 @@ def unknown_class(b: Path) -> tuple[str, str]:
 def missing_image(b: Path) -> tuple[str, str]:
     img = _first_image(b)
     img.unlink()
-    return img.name, "file-exists"
+    return f"images/{img.name}", "file-exists"
 
 
 def truncated_jpeg(b: Path) -> tuple[str, str]:
@@ -146,7 +146,7 @@ def fifo(b: Path) -> tuple[str, str]:
     img = _first_image(b)
     img.unlink()
     os.mkfifo(img)
-    return img.name, "path-inside-batch"
+    return f"images/{img.name}", "path-inside-batch"
 
 
 CASES = [box_outside, unknown_class, missing_image, truncated_jpeg, dotdot_path, absolute_path, symlink_out,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from retrain.data.checks import check_box, inspect_image, safe_member
+from retrain.data.checks import UnsafePath, check_box, inspect_image, safe_member
 from retrain.data.formats import SourceBox
 
 
@@ -74,13 +74,12 @@ def test_safe_member_refuses_escapes(tmp_path: Path):
     _jpeg(root / "images" / "ok.jpg")
     (root / "images" / "inner.jpg").symlink_to(root / "images" / "ok.jpg")
     r = root.resolve()
-    assert safe_member(r, r / "images", "ok.jpg")[0] == r / "images" / "ok.jpg"
-    assert safe_member(r, r / "images", "inner.jpg")[0] == r / "images" / "ok.jpg"
-    assert "'..'" in safe_member(r, r / "images", "../../etc/passwd")[1]
-    assert "absolute" in safe_member(r, r / "images", "/etc/passwd")[1]
-    assert "outside the batch" in safe_member(r, r / "images", "link.jpg")[1]
-    assert "not a regular file" in safe_member(r, r / "images", "fifo.jpg")[1]
-    assert "not found" in safe_member(r, r / "images", "missing.jpg")[1]
+    assert safe_member(r, r / "images", "ok.jpg") == r / "images" / "ok.jpg"
+    assert safe_member(r, r / "images", "inner.jpg") == r / "images" / "ok.jpg"
+    for name, reason in [("../../etc/passwd", "'..'"), ("/etc/passwd", "absolute"), ("link.jpg", "outside the batch"),
+                         ("fifo.jpg", "not a regular file"), ("missing.jpg", "not found"), ("", "empty")]:
+        with pytest.raises(UnsafePath, match=reason):
+            safe_member(r, r / "images", name)
 
 
 def _box(*coords, fmt="xywh"):

@@ -75,7 +75,9 @@ def build(categories: list[str], images: list[CheckedImage]) -> CanonicalBatch:
     Returns:
         The document, the files to copy and a content hash that ignores the batch's name.
     """
-    coco_images, anns, files = [], [], []
+    coco_images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+    files: list[tuple[str, Path, str]] = []
     for image_id, img in enumerate(sorted(images, key=lambda i: i.name), start=1):
         coco_images.append({"id": image_id, "file_name": img.name, "width": img.info.width,
                             "height": img.info.height, "sha256": img.info.sha256})

@@ -55,7 +55,11 @@ class CheckedImage:
     boxes: tuple[tuple[int, float, float, float, float], ...]
 
 
-def safe_member(root: Path, image_root: Path, name: str) -> tuple[Path | None, str | None]:
+class UnsafePath(ValueError):
+    """A file name from a batch that is empty, absolute, escapes the batch, is missing or is no regular file."""
+
+
+def safe_member(root: Path, image_root: Path, name: str) -> Path:
     """Resolve a file name from a batch and make sure it stays inside the batch.
 
     Args:
@@ -64,27 +68,28 @@ def safe_member(root: Path, image_root: Path, name: str) -> tuple[Path | None, s
         name: The name as written in the batch.
 
     Returns:
-        ``(path, None)`` when safe, else ``(None, reason)``.
+        The resolved path of a regular file inside the batch.
+
+    Raises:
+        UnsafePath: Why the name is refused.
     """
     if not name or "\x00" in name:
-        return None, "empty file name"
+        raise UnsafePath("empty file name")
     if PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute() or PureWindowsPath(name).drive:
-        return None, "absolute path: files must be named relative to the batch"
+        raise UnsafePath("absolute path: files must be named relative to the batch")
     if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        return None, "'..' in path: files must stay inside the batch"
-    candidate = image_root / name
+        raise UnsafePath("'..' in path: files must stay inside the batch")
     try:
-        resolved = candidate.resolve(strict=True)
-    except FileNotFoundError:
-        return None, "file not found"
+        resolved = (image_root / name).resolve(strict=True)
+    except FileNotFoundError as e:
+        raise UnsafePath("file not found") from e
     except (OSError, RuntimeError) as e:  # RuntimeError: symlink loop
-        return None, f"cannot be resolved ({e})"
+        raise UnsafePath(f"cannot be resolved ({e})") from e
     if not resolved.is_relative_to(root):
-        return None, f"resolves outside the batch (to {resolved}); symlinks must stay inside the batch"
-    mode = resolved.stat().st_mode
-    if not stat.S_ISREG(mode):
-        return None, "not a regular file (directory, FIFO or device)"
-    return resolved, None
+        raise UnsafePath(f"resolves outside the batch (to {resolved}); symlinks must stay inside the batch")
+    if not stat.S_ISREG(resolved.stat().st_mode):
+        raise UnsafePath("not a regular file (directory, FIFO or device)")
+    return resolved
 
 
 def inspect_image(path: Path) -> ImageInfo:
@@ -163,11 +168,15 @@ def check_box(
 
 
 def _check_one(batch: SourceBatch, entry: SourceImage, tolerance: float) -> tuple[CheckedImage | None, list[Problem]]:
-    path, reason = safe_member(batch.root, entry.image_root, entry.name)
-    shown = entry.name if reason and "outside" not in reason else batch.rel(entry.image_root / entry.name)
-    if path is None:
-        return None, [Problem(shown, "path-inside-batch" if "file not found" not in str(reason) else "file-exists",
-                              f"{reason} (listed in {entry.label_file})")]
+    try:
+        path = safe_member(batch.root, entry.image_root, entry.name)
+    except UnsafePath as e:
+        reason = str(e)
+        rule = "file-exists" if reason == "file not found" else "path-inside-batch"
+        # Name the file by its place in the batch, unless the name itself is what escapes it.
+        escapes = reason.startswith(("absolute", "'..'", "empty"))
+        shown = entry.name if escapes else batch.rel(entry.image_root / entry.name)
+        return None, [Problem(shown, rule, f"{reason} (listed in {entry.label_file})")]
     rel = batch.rel(path)
     try:
         info = inspect_image(path)
@@ -188,9 +197,8 @@ def _check_one(batch: SourceBatch, entry: SourceImage, tolerance: float) -> tupl
             boxes.append((box.category, *xywh))
     if problems:
         return None, problems
-    name = path.relative_to(entry.image_root.resolve()).as_posix() if path.is_relative_to(
-        entry.image_root.resolve()) else rel
-    return CheckedImage(name, path, info, tuple(boxes)), []
+    # The canonical name is the listed path under the image folder ('./' dropped); a symlink keeps its own name.
+    return CheckedImage(Path(entry.name).as_posix(), path, info, tuple(boxes)), []
 
 
 def check_batch(batch: SourceBatch, tolerance: float, workers: int = 0) -> tuple[list[CheckedImage], list[Problem]]:

@@ -104,7 +104,8 @@ def merge_batches(batches: list[tuple[str, dict[str, Any]]], params: MergeParams
                 entries[im["sha256"]] = entry
         per_batch[name] = {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "duplicates": dup}
 
-    images, anns = [], []
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
     class_counts: dict[str, Counter[str]] = {n: Counter() for n in class_ids}
     split_counts: dict[str, Counter[str]] = {"train": Counter(), "val": Counter()}
     origin: Counter[str] = Counter()

@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from PIL import Image, ImageDraw
 
@@ -124,7 +125,8 @@ def generate_batch(out: Path, batch_index: int, n_images: int, seed: int) -> Sam
     rng = random.Random(f"{seed}:{batch_index}")
     classes = classes_for(batch_index)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    images, anns = [], []
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
     for i in range(1, n_images + 1):
         img, boxes = _draw_image(rng, batch_index, classes)
         name = f"b{batch_index}_{i:05d}.jpg"

@@ -137,13 +137,13 @@ def read_coco(root: Path) -> SourceBatch:  # noqa: C901 - one pass over a docume
 
     image_root = _image_root(root, [v["entry"]["file_name"] for v in images.values()])
     for v in images.values():
-        e = v["entry"]
-        w, h = e.get("width"), e.get("height")
+        entry = v["entry"]
+        w, h = entry.get("width"), entry.get("height")
         claimed = (w, h) if _is_int(w) and _is_int(h) else None
         if claimed is None and (w is not None or h is not None):
-            batch.problem(ann_file, "coco-structure", f"image {e['id']}: width/height must be integers")
+            batch.problem(ann_file, "coco-structure", f"image {entry['id']}: width/height must be integers")
             continue
-        batch.images.append(SourceImage(e["file_name"], image_root, claimed, tuple(v["boxes"]), label_file))
+        batch.images.append(SourceImage(entry["file_name"], image_root, claimed, tuple(v["boxes"]), label_file))
 
     listed = {(image_root / n).resolve() for n in seen_names if ".." not in Path(n).parts}
     for f in list_image_files(image_root):

@@ -88,6 +88,6 @@ def list_image_files(directory: Path) -> list[Path]:
     for p in sorted(directory.rglob("*")):
         if any(part.startswith(".") for part in p.relative_to(directory).parts):
             continue
-        if p.suffix.lower() in IMAGE_SUFFIXES and (p.is_symlink() or p.is_file() or not p.is_dir()):
+        if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir():
             out.append(p)
     return out
