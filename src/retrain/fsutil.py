@@ -10,20 +10,26 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import json
 import os
 import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
 def dumps_canonical(obj: Any) -> str:
-    """Deterministic JSON: sorted keys, fixed separators, a trailing newline."""
-    return json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    """Deterministic JSON: sorted keys, two-space indent, a trailing newline.
+
+    orjson (C) rather than ``json``: with an indent, ``json`` falls back to its pure-Python encoder, which
+    costs seconds on a 100k-image master. orjson writes a NaN as ``null``: callers pass finite numbers only
+    (ingest refuses non-finite boxes before anything is written).
+    """
+    return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE).decode()
 
 
 def fsync_dir(path: Path) -> None:

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from retrain.data.checks import CheckedImage
 from retrain.fsutil import dumps_canonical
 
@@ -98,7 +100,7 @@ def read_meta(batch_dir: Path) -> BatchMeta:
 
 def read_annotations(batch_dir: Path) -> dict[str, Any]:
     """Read ``annotations.json`` of an ingested batch."""
-    doc: dict[str, Any] = json.loads((batch_dir / ANNOTATIONS).read_text(encoding="utf-8"))
+    doc: dict[str, Any] = orjson.loads((batch_dir / ANNOTATIONS).read_bytes())
     return doc
 
 

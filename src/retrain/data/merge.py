@@ -71,6 +71,31 @@ def _same_labels(a: list[tuple[str, list[float]]], b: list[tuple[str, list[float
     )
 
 
+def _collect(batches: list[tuple[str, dict[str, Any]]], tol: float
+             ) -> tuple[dict[str, tuple[Any, ...]], list[dict[str, Any]], dict[str, dict[str, int]]]:
+    """Images by sha256 (the later batch wins, the first position is kept), the duplicates, per-batch counts."""
+    entries: dict[str, tuple[Any, ...]] = {}  # sha256 -> (file_name, width, height, batch, boxes)
+    conflicts: list[dict[str, Any]] = []
+    per_batch: dict[str, dict[str, int]] = {}
+    for name, doc in batches:
+        cat_names = {c["id"]: c["name"] for c in doc["categories"]}
+        boxes: dict[int, list[tuple[str, list[float], float]]] = {}
+        for a in doc["annotations"]:
+            boxes.setdefault(a["image_id"], []).append((cat_names[a["category_id"]], a["bbox"], a["area"]))
+        prefix, dup = f"batches/{name}/{canonical.IMAGES}/", 0
+        for im in doc["images"]:
+            entry = (prefix + im["file_name"], im["width"], im["height"], name, boxes.get(im["id"], []))
+            old = entries.get(im["sha256"])
+            if old is not None:
+                dup += 1
+                same = _same_labels([b[:2] for b in old[4]], [b[:2] for b in entry[4]], tol)
+                conflicts.append({"sha256": im["sha256"], "kept": entry[0], "replaced": old[0],
+                                  "labels_differ": not same})
+            entries[im["sha256"]] = entry  # re-assigning a key keeps its first position, so its master id
+        per_batch[name] = {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "duplicates": dup}
+    return entries, conflicts, per_batch
+
+
 def merge_batches(batches: list[tuple[str, dict[str, Any]]], params: MergeParams) -> MergeResult:
     """Merge canonical batch documents, given in ingest order.
 
@@ -82,44 +107,22 @@ def merge_batches(batches: list[tuple[str, dict[str, Any]]], params: MergeParams
         The master document and the merge report.
     """
     class_ids = reconcile_classes([[c["name"] for c in doc["categories"]] for _, doc in batches])
-    entries: dict[str, dict[str, Any]] = {}  # sha256 -> image entry; insertion order gives the master id
-    conflicts, per_batch = [], {}
-    for name, doc in batches:
-        cat_names = {c["id"]: c["name"] for c in doc["categories"]}
-        boxes: dict[int, list[tuple[str, list[float]]]] = {}
-        for a in doc["annotations"]:
-            boxes.setdefault(a["image_id"], []).append((cat_names[a["category_id"]], a["bbox"]))
-        dup = 0
-        for im in doc["images"]:
-            entry = {"file_name": f"batches/{name}/{canonical.IMAGES}/{im['file_name']}", "sha256": im["sha256"],
-                     "width": im["width"], "height": im["height"], "batch": name, "boxes": boxes.get(im["id"], [])}
-            old = entries.get(im["sha256"])
-            if old is not None:
-                dup += 1
-                same = _same_labels(old["boxes"], entry["boxes"], params.box_conflict_tolerance_px)
-                conflicts.append({"sha256": im["sha256"], "kept": entry["file_name"], "replaced": old["file_name"],
-                                  "labels_differ": not same})
-                entries[im["sha256"]] = entry  # the later batch wins; the image keeps its first id
-            else:
-                entries[im["sha256"]] = entry
-        per_batch[name] = {"images": len(doc["images"]), "boxes": len(doc["annotations"]), "duplicates": dup}
-
+    entries, conflicts, per_batch = _collect(batches, params.box_conflict_tolerance_px)
     images: list[dict[str, Any]] = []
     anns: list[dict[str, Any]] = []
-    class_counts: dict[str, Counter[str]] = {n: Counter() for n in class_ids}
-    split_counts: dict[str, Counter[str]] = {"train": Counter(), "val": Counter()}
-    origin: Counter[str] = Counter()
-    for image_id, e in enumerate(entries.values(), start=1):
-        split = assign_split(e["sha256"], params.val_fraction, params.split_salt)
-        images.append({"id": image_id, "file_name": e["file_name"], "width": e["width"], "height": e["height"],
-                       "sha256": e["sha256"], "split": split, "batch": e["batch"]})
-        split_counts[split]["images"] += 1
-        origin[e["batch"]] += 1
-        for cat, bbox in e["boxes"]:
+    box_keys: list[tuple[str, str]] = []  # (class, split) of every box, counted once at the end
+    for image_id, (sha, (file_name, width, height, batch, boxes)) in enumerate(entries.items(), start=1):
+        split = assign_split(sha, params.val_fraction, params.split_salt)
+        images.append({"id": image_id, "file_name": file_name, "width": width, "height": height, "sha256": sha,
+                       "split": split, "batch": batch})
+        for cat, bbox, area in boxes:
             anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": class_ids[cat], "bbox": bbox,
-                         "area": round(bbox[2] * bbox[3], 4), "iscrowd": 0})
-            class_counts[cat][split] += 1
-            split_counts[split]["boxes"] += 1
+                         "area": area, "iscrowd": 0})
+            box_keys.append((cat, split))
+    per_class = Counter(box_keys)
+    per_split_images = Counter(im["split"] for im in images)
+    per_split_boxes = Counter(split for _, split in box_keys)
+    origin = Counter(im["batch"] for im in images)
     for name in per_batch:
         per_batch[name]["images_in_master"] = origin[name]
     coco = {
@@ -131,9 +134,10 @@ def merge_batches(batches: list[tuple[str, dict[str, Any]]], params: MergeParams
     report = {
         "totals": {"batches": len(batches), "images": len(images), "boxes": len(anns), "classes": len(class_ids),
                    "duplicates": len(conflicts), "conflicts": sum(c["labels_differ"] for c in conflicts)},
-        "splits": {s: {"images": c["images"], "boxes": c["boxes"]} for s, c in split_counts.items()},
+        "splits": {s: {"images": per_split_images[s], "boxes": per_split_boxes[s]} for s in ("train", "val")},
         "batches": per_batch,
-        "classes": {n: {"id": class_ids[n], "train": c["train"], "val": c["val"]} for n, c in class_counts.items()},
+        "classes": {n: {"id": i, "train": per_class[n, "train"], "val": per_class[n, "val"]}
+                    for n, i in class_ids.items()},
         "conflicts": conflicts,
     }
     return MergeResult(coco, report)
