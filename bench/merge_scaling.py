@@ -99,12 +99,12 @@ def run_size(size: int, tmp: Path) -> dict[str, float]:
     for b in range(0, size, BATCH):
         n = min(BATCH, size - b)
         src = write_source_batch(tmp / f"src-{size}-{b}", b, n)
-        ingest(paths, src, params.ingest, name=f"old-{b // BATCH:03d}")
+        ingest(paths, src, params.ingest, params.validation, name=f"old-{b // BATCH:03d}")
     ingest_old = time.perf_counter() - t
     merge(paths, params.merge)
     src = write_source_batch(tmp / f"src-{size}-new", 10_000_000, 1000)
     t = time.perf_counter()
-    ingest(paths, src, params.ingest, name="new")
+    ingest(paths, src, params.ingest, params.validation, name="new")
     ingest_new = time.perf_counter() - t
     cli = [cli_merge_seconds(paths.root) for _ in range(3)]
     inproc, opened, total = audited_merge(paths)

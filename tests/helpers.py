@@ -6,8 +6,10 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -124,3 +126,13 @@ def coco_to_yolo(coco_batch: Path, out: Path) -> Path:
                              f"{w / W:.6f} {h / H:.6f}")
         (out / "labels" / "train" / (Path(im["file_name"]).stem + ".txt")).write_text("\n".join(lines) + "\n")
     return out
+
+
+def bomb_png(path: Path, width: int = 30000, height: int = 30000) -> Path:
+    """A tiny PNG whose header claims width x height (its data is a few bytes)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+    return path

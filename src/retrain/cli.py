@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from retrain.errors import RetrainError
+from retrain.errors import RetrainError, ValidationFailed
 
 app = typer.Typer(
     name="retrain",
@@ -27,6 +27,8 @@ ProjectOpt = Annotated[Path, typer.Option("--project", "-C", help="Workspace roo
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
+    for noisy in ("matplotlib", "PIL"):  # their INFO lines are not for our users
+        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 def _out(line: str) -> None:
@@ -70,7 +72,8 @@ def ingest(
     from retrain.paths import Paths
 
     paths = Paths.at(project)
-    result = run_ingest(paths, path, load_params(paths.params).ingest, name, fmt)
+    params = load_params(paths.params)
+    result = run_ingest(paths, path, params.ingest, params.validation, name, fmt)
     for note in result.notes:
         _out(f"note: batch {result.name}: {note}")
     if result.added:
@@ -90,6 +93,26 @@ def merge(project: ProjectOpt = Path(".")) -> None:
     t = run_merge(paths, load_params(paths.params).merge).report["totals"]
     _out(f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
          f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)")
+
+
+@app.command()
+def validate(project: ProjectOpt = Path(".")) -> None:
+    """Validate data/master (great-expectations + image checks); exit 1 on any failed check (a DVC stage)."""
+    from retrain.config import load_params
+    from retrain.paths import Paths
+    from retrain.validation.validate import validate_master
+
+    paths = Paths.at(project)
+    report = validate_master(paths, load_params(paths.params).validation)
+    for check in report.warned:
+        for p in check.problems():
+            _out(f"warning: {p.file}: [{p.rule}] {p.message}")
+    lines = [f"{p.file}: [{p.rule}] {p.message}" for c in report.failed for p in c.problems()]
+    summary = (f"validation: {len(report.checks)} checks, {len(report.warned)} warnings, {len(report.failed)} "
+               f"failures; report {paths.validation_report}, Data Docs {paths.validation_docs / 'index.html'}")
+    if lines:
+        raise ValidationFailed([*lines, summary])
+    _out(summary)
 
 
 @app.command()

@@ -8,26 +8,21 @@ whose message names the file and the key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from retrain.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
 class IngestParams(_Section):
-    """Knobs of ``retrain ingest`` (the batch half of validation)."""
+    """Knobs of ``retrain ingest`` (its checks are the batch half of ``validate``; their knobs live there)."""
 
-    box_tolerance_px: float = Field(
-        default=1.0, ge=0, description="How far (pixels) a box may stick out of its image before it is refused; "
-        "boxes within the tolerance are clipped to the image."
-    )
-    workers: int = Field(default=0, ge=0, description="Threads decoding images; 0 means one per CPU core.")
     max_problems_shown: int = Field(default=50, ge=1, description="Problem lines printed for a refused batch.")
 
 
@@ -45,11 +40,47 @@ class MergeParams(_Section):
     )
 
 
+Level = Literal["fail", "warn"]
+
+
+class ValidateParams(_Section):
+    """Knobs of ``retrain validate`` and of the batch checks inside ``retrain ingest``."""
+
+    box_tolerance_px: float = Field(
+        default=1.0, ge=0, description="How far (pixels) a box may stick out of its image before it is refused; "
+        "boxes within the tolerance are clipped to the image at ingest."
+    )
+    max_image_pixels: int = Field(default=50_000_000, ge=1, le=178_956_970,
+                                  description="Largest image accepted (PIL's own bomb limit stays on above it).")
+    max_boxes_per_image: int = Field(default=300, ge=1)
+    min_train_instances: int = Field(default=10, ge=0, description="Boxes each class needs in train.")
+    min_val_instances: int = Field(default=2, ge=0, description="Boxes each class needs in val.")
+    instances_level: Level = Field(default="warn", description="Too few instances: fail or warn.")
+    val_fraction_min: float = Field(default=0.05, ge=0, le=1)
+    val_fraction_max: float = Field(default=0.5, ge=0, le=1)
+    val_fraction_level: Level = "fail"
+    drift_threshold: float = Field(
+        default=0.5, ge=0, description="KL divergence of the newest batch's class distribution from the older "
+        "batches' above which drift is reported."
+    )
+    drift_level: Level = "warn"
+    workers: int = Field(default=0, ge=0, description="Processes checking images; 0 = one per CPU core.")
+    examples: int = Field(default=5, ge=1, le=100, description="Offending rows kept per failed check.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ValidateParams:
+        if self.val_fraction_min > self.val_fraction_max:
+            raise ValueError("val_fraction_min is above val_fraction_max")
+        return self
+
+
 class Params(_Section):
     """All of ``params.yaml``."""
 
     ingest: IngestParams = IngestParams()
     merge: MergeParams = MergeParams()
+    # The section is `validate` in params.yaml (the stage's name); `validate` is taken on pydantic models.
+    validation: ValidateParams = Field(default=ValidateParams(), alias="validate")
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:

@@ -44,7 +44,7 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
     samples = generate(paths.incoming, batches, images_per_batch, seed)
     rows = []
     for s in samples:
-        result = ingest(paths, s.path, params.ingest, s.path.name)
+        result = ingest(paths, s.path, params.ingest, params.validation, s.path.name)
         dvc(["repro", "-q"], paths.root, "dvc repro")
         commit(paths, f"retrain: batch {result.name}, data {master_version(paths)[:12]}")
         dvc(["push", "-q"], paths.root, "dvc push")

@@ -69,3 +69,14 @@ class BatchRejected(RetrainError):
             shown.append(f"batch {self.batch}: ... and {hidden} more problem(s)")
         shown.append(f"batch {self.batch} refused: {len(self.problems)} problem(s); nothing was changed")
         return shown
+
+
+class ValidationFailed(RetrainError):
+    """The master failed validation: one line per failed check, then a summary."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self._lines = list(lines)
+        super().__init__(self._lines[-1] if self._lines else "validation failed")
+
+    def lines(self) -> list[str]:
+        return list(self._lines)

@@ -59,6 +59,20 @@ class Paths:
     def merge_report(self) -> Path:
         return self.reports / "merge.json"
 
+    @property
+    def validation_report(self) -> Path:
+        return self.reports / "validation.json"
+
+    @property
+    def validation_docs(self) -> Path:
+        """The great-expectations Data Docs site (open ``index.html``)."""
+        return self.reports / "validation"
+
+    @property
+    def cache(self) -> Path:
+        """Per-workspace caches that are neither versioned nor tracked (image-check results)."""
+        return self.root / ".cache"
+
     def batch(self, name: str) -> Path:
         """Directory of the ingested batch ``name``."""
         return self.batches / name

@@ -13,8 +13,7 @@ from PIL import Image
 
 from retrain.paths import Paths
 from retrain.workspace import init_workspace
-from tests.helpers import coco_to_yolo, copy_batch, run_cli, snapshot
-from tests.unit.test_checks import bomb_png
+from tests.helpers import bomb_png, coco_to_yolo, copy_batch, run_cli, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +44,11 @@ def box_outside(b: Path) -> tuple[str, str]:
         a["bbox"] = [im["width"] - 5, 2, 50, 20]
     _edit(b, f)
     return "annotations.json", "box-inside-image"
+
+
+def zero_area_box(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d["annotations"][0].update(bbox=[5, 5, 0, 10]))
+    return "annotations.json annotation 1", "box-area"
 
 
 def unknown_class(b: Path) -> tuple[str, str]:
@@ -149,8 +153,8 @@ def fifo(b: Path) -> tuple[str, str]:
     return f"images/{img.name}", "path-inside-batch"
 
 
-CASES = [box_outside, unknown_class, missing_image, truncated_jpeg, dotdot_path, absolute_path, symlink_out,
-         python_tag_yaml, random_bytes, zero_bytes, nan_coordinate, duplicate_annotation_id, unlisted_file,
+CASES = [box_outside, zero_area_box, unknown_class, missing_image, truncated_jpeg, dotdot_path, absolute_path,
+         symlink_out, python_tag_yaml, random_bytes, zero_bytes, nan_coordinate, duplicate_annotation_id, unlisted_file,
          size_mismatch, exif_rotated, decompression_bomb, fifo]
 
 

@@ -10,7 +10,8 @@ def _doc(cats, images):
     for i, (f, sha, boxes) in enumerate(images, start=1):
         ims.append({"id": i, "file_name": f, "width": 100, "height": 100, "sha256": sha})
         for name, bbox in boxes:
-            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": cid[name], "bbox": bbox})
+            anns.append({"id": len(anns) + 1, "image_id": i, "category_id": cid[name], "bbox": bbox,
+                         "area": bbox[2] * bbox[3]})
     return {"categories": [{"id": cid[n], "name": n} for n in cats], "images": ims, "annotations": anns}
 
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import orjson
 
-from retrain.data.checks import CheckedImage
 from retrain.fsutil import dumps_canonical
+from retrain.validation.batch import ValidBatch
 
 ANNOTATIONS = "annotations.json"
 META = "batch.json"
@@ -67,28 +67,38 @@ class BatchMeta:
                    int(d["counts"]["images"]), int(d["counts"]["boxes"]), tuple(d.get("notes", ())))
 
 
-def build(categories: list[str], images: list[CheckedImage]) -> CanonicalBatch:
-    """Build the canonical COCO document of a checked batch (sorted by file name, ids from 1).
+def _clip(bbox: list[float], width: int, height: int) -> list[float]:
+    """Clip a box (already within the tolerance) to its image, rounded to 1e-4 px."""
+    x0, y0 = max(0.0, bbox[0]), max(0.0, bbox[1])
+    x1, y1 = min(float(width), bbox[0] + bbox[2]), min(float(height), bbox[1] + bbox[3])
+    return [round(x0, 4), round(y0, 4), round(x1 - x0, 4), round(y1 - y0, 4)]
+
+
+def build(valid: ValidBatch) -> CanonicalBatch:
+    """Build the canonical COCO document of a validated batch (sorted by file name, ids from 1, boxes clipped).
 
     Args:
-        categories: The batch's class names, in its own order.
-        images: The checked images.
+        valid: The batch as ``validate_batch`` accepted it.
 
     Returns:
         The document, the files to copy and a content hash that ignores the batch's name.
     """
+    src = valid.coco
+    boxes: dict[int, list[dict[str, Any]]] = {}
+    for a in src["annotations"]:
+        boxes.setdefault(a["image_id"], []).append(a)
     coco_images: list[dict[str, Any]] = []
     anns: list[dict[str, Any]] = []
     files: list[tuple[str, Path, str]] = []
-    for image_id, img in enumerate(sorted(images, key=lambda i: i.name), start=1):
-        coco_images.append({"id": image_id, "file_name": img.name, "width": img.info.width,
-                            "height": img.info.height, "sha256": img.info.sha256})
-        files.append((img.name, img.source, img.info.sha256))
-        for cat, x, y, w, h in img.boxes:
-            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": cat + 1,
+    for image_id, im in enumerate(sorted(src["images"], key=lambda i: i["file_name"]), start=1):
+        coco_images.append({"id": image_id, "file_name": im["file_name"], "width": im["width"],
+                            "height": im["height"], "sha256": im["sha256"]})
+        files.append((im["file_name"], valid.sources[im["id"]], im["sha256"]))
+        for a in boxes.get(im["id"], []):
+            x, y, w, h = _clip(a["bbox"], im["width"], im["height"])
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": a["category_id"],
                          "bbox": [x, y, w, h], "area": round(w * h, 4), "iscrowd": 0})
-    coco = {"categories": [{"id": i + 1, "name": n} for i, n in enumerate(categories)],
-            "images": coco_images, "annotations": anns}
+    coco = {"categories": src["categories"], "images": coco_images, "annotations": anns}
     digest = hashlib.sha256(dumps_canonical(coco).encode()).hexdigest()
     return CanonicalBatch(coco, tuple(files), digest)
 

@@ -15,14 +15,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain.config import IngestParams
+from retrain.config import IngestParams, ValidateParams
 from retrain.data import canonical
-from retrain.data.checks import check_batch
 from retrain.data.formats import FORMATS, read_batch
 from retrain.errors import BatchRejected, Problem, RetrainError
 from retrain.faults import fault_point
 from retrain.fsutil import dumps_canonical, fsync_dir
 from retrain.paths import Paths
+from retrain.validation.batch import validate_batch
 from retrain.workspace import dvc, git, require_workspace
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def _admit(paths: Paths, name: str, stage: Path) -> None:
         raise
 
 
-def ingest(paths: Paths, source: Path, params: IngestParams, name: str | None = None,
+def ingest(paths: Paths, source: Path, params: IngestParams, checks: ValidateParams, name: str | None = None,
            fmt: str = "auto") -> IngestResult:
     """Check a batch and, if it passes, add it to ``data/batches`` as an immutable DVC-tracked batch.
 
@@ -120,6 +120,7 @@ def ingest(paths: Paths, source: Path, params: IngestParams, name: str | None = 
         paths: The workspace.
         source: The batch folder (COCO JSON, YOLO txt or Pascal VOC).
         params: The ``ingest`` section of params.
+        checks: The ``validate`` section of params (the batch checks are the batch half of validation).
         name: Name in ``data/batches``; default the folder's name.
         fmt: ``auto``, ``coco``, ``yolo`` or ``voc``.
 
@@ -143,10 +144,10 @@ def ingest(paths: Paths, source: Path, params: IngestParams, name: str | None = 
         raise RetrainError(f"{source}: is already inside data/batches; ingest from outside the workspace's batches")
 
     parsed = read_batch(root, fmt)
-    checked, problems = check_batch(parsed, params.box_tolerance_px, params.workers)
-    if problems:
+    valid, problems = validate_batch(parsed, checks)
+    if valid is None:
         raise BatchRejected(name, problems, params.max_problems_shown)
-    batch = canonical.build(parsed.categories, checked)
+    batch = canonical.build(valid)
     notes = tuple(parsed.notes)
     counts = (len(batch.coco["images"]), len(batch.coco["annotations"]))
 

@@ -30,6 +30,15 @@ class SourceBox:
     fmt: BoxFormat
     label_file: str
 
+    def pixels(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The box as ``(x, y, w, h)`` in pixels of a ``width`` x ``height`` image."""
+        a, b, c, d = self.coords
+        if self.fmt == "xywh":
+            return a, b, c, d
+        if self.fmt == "xyxy":
+            return a, b, c - a, d - b
+        return (a - c / 2) * width, (b - d / 2) * height, c * width, d * height
+
 
 @dataclass(frozen=True)
 class SourceImage:

@@ -1,14 +1,13 @@
 import io
 import os
-import struct
-import zlib
 from pathlib import Path
 
 import pytest
 from PIL import Image
 
-from retrain.data.checks import UnsafePath, check_box, inspect_image, safe_member
 from retrain.data.formats import SourceBox
+from retrain.validation.images import BadImage, UnsafePath, check_files, inspect_image, safe_member
+from tests.helpers import bomb_png
 
 
 def _jpeg(path: Path, size=(64, 48), exif_orientation: int | None = None) -> Path:
@@ -19,16 +18,6 @@ def _jpeg(path: Path, size=(64, 48), exif_orientation: int | None = None) -> Pat
         exif[0x0112] = exif_orientation
         kw["exif"] = exif
     im.save(path, format="JPEG", **kw)
-    return path
-
-
-def bomb_png(path: Path, width: int = 30000, height: int = 30000) -> Path:
-    """A tiny PNG whose header claims width x height (its data is a few bytes)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
     return path
 
 
@@ -52,7 +41,7 @@ def test_exif_rotation_swaps_the_displayed_size(tmp_path: Path):
 def test_bad_images_are_refused(tmp_path: Path, make, match):
     p = tmp_path / "x.jpg"
     make(p)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(BadImage, match=match):
         inspect_image(p)
 
 
@@ -61,7 +50,7 @@ def test_gif_is_not_an_accepted_format(tmp_path: Path):
     buf = io.BytesIO()
     Image.new("P", (8, 8)).save(buf, format="GIF")
     p.write_bytes(buf.getvalue())
-    with pytest.raises(ValueError, match="GIF is not an accepted"):
+    with pytest.raises(BadImage, match="GIF is not an accepted"):
         inspect_image(p)
 
 
@@ -82,16 +71,37 @@ def test_safe_member_refuses_escapes(tmp_path: Path):
             safe_member(r, r / "images", name)
 
 
-def _box(*coords, fmt="xywh"):
-    return SourceBox(0, coords, fmt, "labels.txt:1")
+def test_pixel_bound_is_checked_before_decoding(tmp_path: Path):
+    p = _jpeg(tmp_path / "big.jpg", size=(200, 100))
+    assert inspect_image(p, max_pixels=20_000).width == 200
+    with pytest.raises(BadImage, match="more than the 19999 pixels"):
+        inspect_image(p, max_pixels=19_999)
 
 
-def test_box_rules():
-    assert check_box(_box(10, 10, 20, 20), 100, 100, 1.0) == ((10, 10, 20, 20), None)
-    clipped, problem = check_box(_box(-0.5, 0, 100.9, 50), 100, 100, 1.0)
-    assert problem is None and clipped == (0, 0, 100, 50)
-    assert check_box(_box(90, 90, 20, 20), 100, 100, 1.0)[1].rule == "box-inside-image"
-    assert check_box(_box(10, 10, 0, 20), 100, 100, 1.0)[1].rule == "box-area"
-    assert check_box(_box(float("nan"), 10, 5, 5), 100, 100, 1.0)[1].rule == "box-finite"
-    assert check_box(_box(0.5, 0.5, 0.2, 0.4, fmt="cxcywh-norm"), 200, 100, 1.0)[0] == (80, 30, 40, 40)
-    assert check_box(_box(10, 20, 30, 60, fmt="xyxy"), 100, 100, 1.0)[0] == (10, 20, 20, 40)
+def test_check_files_in_processes_and_cache(tmp_path: Path):
+    from retrain.validation.images import ImageCheckCache
+
+    root = tmp_path.resolve()
+    names = [f"{i}.jpg" for i in range(70)]
+    for i, n in enumerate(names):
+        _jpeg(root / n, size=(16 + i, 16))
+    (root / "bad.jpg").write_bytes(b"nope")
+    res = check_files(root, root, [*names, "bad.jpg"], None, workers=2)
+    assert [r.info.width for r in res[:-1]] == [16 + i for i in range(70)]
+    assert res[-1].info is None and res[-1].rule == "image-decodes"
+    cache = ImageCheckCache(tmp_path / "cache.json")
+    known = {r.name: r.info.sha256 for r in res[:-1]}
+    check_files(root, root, names, None, workers=1, known=known, cache=cache)
+    cache.save()
+    (root / "0.jpg").write_bytes(b"changed")  # a changed file is not served from the cache
+    again = check_files(root, root, names, None, workers=1, known=known, cache=ImageCheckCache(tmp_path / "cache.json"))
+    assert again[0].info is None and all(r.info is not None for r in again[1:])
+
+
+@pytest.mark.parametrize("fmt,coords,expected", [
+    ("xywh", (10, 20, 30, 40), (10, 20, 30, 40)),
+    ("xyxy", (10, 20, 30, 60), (10, 20, 20, 40)),
+    ("cxcywh-norm", (0.5, 0.5, 0.2, 0.4), (80, 30, 40, 40)),
+])
+def test_box_pixels(fmt, coords, expected):
+    assert SourceBox(0, coords, fmt, "f").pixels(200, 100) == pytest.approx(expected)

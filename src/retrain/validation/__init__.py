@@ -1,0 +1,1 @@
+"""Validation: great-expectations table checks, image checks, and the report that gates training."""

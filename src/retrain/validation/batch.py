@@ -1,0 +1,97 @@
+"""The batch half of validation, run by ``retrain ingest`` before anything is written.
+
+Image checks on every listed file, then the great-expectations batch rules on the batch's box and
+image tables.  Returns the batch as a provisional COCO document (boxes in pixels, not yet clipped)
+or the problems that refuse it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from retrain.config import ValidateParams
+from retrain.data.formats import SourceBatch
+from retrain.errors import Problem
+from retrain.validation.images import ImageResult, check_files
+from retrain.validation.tables import box_table, image_table
+
+
+@dataclass(frozen=True)
+class ValidBatch:
+    """A batch that passed: its COCO document and, per image id, the file to copy."""
+
+    coco: dict[str, Any]
+    sources: dict[int, Path]
+
+
+def _image_problems(batch: SourceBatch, res: ImageResult, base: Path, label_file: str) -> Problem:
+    if res.rule in ("path-inside-root", "file-exists"):
+        escapes = res.message.startswith(("absolute", "'..'", "empty"))
+        shown = res.name if escapes else batch.rel(base / res.name)
+        rule = "path-inside-batch" if res.rule == "path-inside-root" else res.rule
+        return Problem(shown, rule, f"{res.message} (listed in {label_file})")
+    return Problem(batch.rel(res.path) if res.path else res.name, res.rule, res.message)
+
+
+def validate_batch(batch: SourceBatch, params: ValidateParams) -> tuple[ValidBatch | None, list[Problem]]:
+    """Check a batch as read: its files, then its tables.
+
+    Args:
+        batch: The batch from a format reader (its reader problems are included in the answer).
+        params: The ``validate`` section.
+
+    Returns:
+        ``(ValidBatch, [])`` when it passes, else ``(None, problems)``.
+    """
+    problems = list(batch.problems)
+    by_root: dict[Path, list[int]] = defaultdict(list)
+    for k, entry in enumerate(batch.images):
+        by_root[entry.image_root].append(k)
+    results: dict[int, ImageResult] = {}
+    for base, ks in by_root.items():
+        for k, res in zip(ks, check_files(batch.root, base, [batch.images[k].name for k in ks],
+                                          params.max_image_pixels, params.workers), strict=True):
+            results[k] = res
+            if res.info is None:
+                problems.append(_image_problems(batch, res, base, batch.images[k].label_file))
+
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+    label_files: dict[int, str] = {}
+    sources: dict[int, Path] = {}
+    for k, entry in enumerate(batch.images):
+        info = results[k].info
+        if info is None:
+            continue
+        image_id = len(images) + 1
+        w, h = entry.claimed_size or (info.width, info.height)
+        images.append({"id": image_id, "file_name": Path(entry.name).as_posix(), "width": w, "height": h,
+                       "sha256": info.sha256, "label_file": entry.label_file})
+        sources[image_id] = results[k].path  # type: ignore[assignment]
+        for box in entry.boxes:
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": box.category + 1,
+                         "bbox": list(box.pixels(info.width, info.height))})
+            label_files[len(anns)] = box.label_file
+    coco = {"categories": [{"id": i + 1, "name": n} for i, n in enumerate(batch.categories)],
+            "images": images, "annotations": anns}
+    decoded = {results[k].info.sha256: (results[k].info.width, results[k].info.height)  # type: ignore[union-attr]
+               for k in results if results[k].info is not None}
+    if images:
+        from retrain.validation.gx import run_rules
+        from retrain.validation.suite import batch_rules
+
+        tables = {"boxes": box_table(coco, label_files), "images": image_table(coco, decoded)}
+        # Messages name an image by its place in the batch (e.g. images/x.jpg), not its listed name.
+        tables["images"]["file_name"] = pd.Series([batch.rel(sources[i["id"]]) for i in images], dtype="object")
+        for check in run_rules(batch_rules(params, list(range(1, len(batch.categories) + 1))), tables,
+                               examples=max(params.examples, 50)):
+            if check.status == "fail":
+                problems.extend(check.problems())
+    if problems:
+        return None, problems
+    return ValidBatch(coco, sources), []

@@ -1,0 +1,106 @@
+"""Run rules with great-expectations: an ephemeral context, one pandas asset, suite and checkpoint per table.
+
+Results are mapped back to rules through each expectation's ``meta``; the offending rows come from
+great-expectations' own unexpected-index lists.  With ``docs_dir`` the Data Docs HTML site is built there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from retrain.validation.report import CheckResult
+from retrain.validation.suite import Rule
+
+log = logging.getLogger(__name__)
+
+
+def _context(docs_dir: Path | None) -> Any:
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # nothing leaves this machine
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    for name in list(logging.Logger.manager.loggerDict):  # GX sets INFO on its own loggers; not for our users
+        if name.startswith("great_expectations") and not log.isEnabledFor(logging.DEBUG):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    if docs_dir is not None:
+        ctx.add_data_docs_site(site_name="retrain", site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        })
+    return ctx
+
+
+def _examples(rule: Rule, df: pd.DataFrame, result: dict[str, Any], n: int) -> tuple[dict[str, Any], ...]:
+    index = result.get("unexpected_index_list") or []
+    column = getattr(rule.expectation, "column", None)
+    out = []
+    for i in index[:n]:
+        if isinstance(i, dict) or i not in df.index:
+            continue
+        row = df.loc[i]
+        ex: dict[str, Any] = {"file": row.get(rule.file_column, ""), "batch": row.get("batch", "")}
+        if column is not None and column in row:
+            ex["found"] = f"{column}={row[column]!r}"
+        if "ann_id" in row and rule.table != "images":
+            ex["found"] = f"annotation {row['ann_id']}: " + ex.get("found", "")
+        out.append(ex)
+    return tuple(out)
+
+
+def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int = 5,
+              docs_dir: Path | None = None) -> list[CheckResult]:
+    """Validate each table against its rules.
+
+    Args:
+        rules: The rules; those whose table is absent are skipped.
+        tables: Table name -> DataFrame.
+        examples: Offending rows kept per failed rule.
+        docs_dir: Where to build the Data Docs site, or ``None``.
+
+    Returns:
+        One result per rule, in the rules' order.
+    """
+    import great_expectations as gx
+
+    ctx = _context(docs_dir)
+    source = ctx.data_sources.add_pandas("retrain")
+    by_idx: dict[int, CheckResult] = {}
+    for table, df in tables.items():
+        mine = [(i, r) for i, r in enumerate(rules) if r.table == table]
+        if not mine:
+            continue
+        suite = gx.ExpectationSuite(name=f"retrain-{table}")
+        for i, r in mine:
+            e = r.expectation  # rules are built fresh for each run, so the expectation is ours to annotate
+            e.meta = {"retrain_rule": r.name, "retrain_index": i, "level": r.level, "notes": r.what}
+            suite.add_expectation(e)
+        suite = ctx.suites.add(suite)
+        asset = source.add_dataframe_asset(table)
+        vd = ctx.validation_definitions.add(gx.ValidationDefinition(
+            name=table, data=asset.add_batch_definition_whole_dataframe(table), suite=suite))
+        actions: list[Any] = [gx.checkpoint.UpdateDataDocsAction(name="data-docs")] if docs_dir is not None else []
+        checkpoint = ctx.checkpoints.add(gx.Checkpoint(name=f"retrain-{table}", validation_definitions=[vd],
+                                                       actions=actions, result_format={"result_format": "COMPLETE"}))
+        run = checkpoint.run(batch_parameters={"dataframe": df})
+        for vr in run.run_results.values():
+            for er in vr.results:
+                i = er.expectation_config.meta["retrain_index"]
+                r = rules[i]
+                if er.exception_info and er.exception_info.get("raised_exception"):
+                    msg = er.exception_info.get("exception_message", "error")
+                    by_idx[i] = CheckResult(r.name, table, f"{r.what} (could not run: {msg})", "fail")
+                    continue
+                res = er.result or {}
+                status = "pass" if er.success else r.level
+                by_idx[i] = CheckResult(r.name, table, r.what, status, res.get("unexpected_count"),
+                                        res.get("observed_value"),
+                                        () if er.success else _examples(r, df, res, examples))
+    return [by_idx[i] for i in sorted(by_idx)]
