@@ -27,7 +27,7 @@ ProjectOpt = Annotated[Path, typer.Option("--project", "-C", help="Workspace roo
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    for noisy in ("matplotlib", "PIL"):  # their INFO lines are not for our users
+    for noisy in ("great_expectations", "matplotlib", "PIL"):  # their INFO lines are not for our users
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 

@@ -105,3 +105,22 @@ def test_check_files_in_processes_and_cache(tmp_path: Path):
 ])
 def test_box_pixels(fmt, coords, expected):
     assert SourceBox(0, coords, fmt, "f").pixels(200, 100) == pytest.approx(expected)
+
+
+def test_decompression_bomb_is_refused_with_little_memory(tmp_path: Path):
+    """A small PNG claiming 30000x30000 is refused from its header: the checking process stays under 500 MB."""
+    import subprocess
+    import sys
+
+    bomb = bomb_png(tmp_path / "bomb.png")
+    code = (
+        "import resource, sys\n"
+        "from retrain.validation.images import BadImage, inspect_image\n"
+        f"try:\n    inspect_image(__import__('pathlib').Path({str(bomb)!r}))\n"
+        "except BadImage as e:\n    print('refused:', e)\n"
+        "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "refused: decompression bomb refused" in out
+    maxrss_mb = int(out.split("maxrss_kb")[1]) / 1024
+    assert maxrss_mb < 500, maxrss_mb

@@ -39,7 +39,7 @@ def _context(docs_dir: Path | None) -> Any:
 
 
 def _examples(rule: Rule, df: pd.DataFrame, result: dict[str, Any], n: int) -> tuple[dict[str, Any], ...]:
-    index = result.get("unexpected_index_list") or []
+    index = result.get("partial_unexpected_index_list") or result.get("unexpected_index_list") or []
     column = getattr(rule.expectation, "column", None)
     out = []
     for i in index[:n]:
@@ -48,21 +48,32 @@ def _examples(rule: Rule, df: pd.DataFrame, result: dict[str, Any], n: int) -> t
         row = df.loc[i]
         ex: dict[str, Any] = {"file": row.get(rule.file_column, ""), "batch": row.get("batch", "")}
         if column is not None and column in row:
-            ex["found"] = f"{column}={row[column]!r}"
+            value = row[column].item() if hasattr(row[column], "item") else row[column]
+            ex["found"] = f"{column}={value!r}"
         if "ann_id" in row and rule.table != "images":
             ex["found"] = f"annotation {row['ann_id']}: " + ex.get("found", "")
         out.append(ex)
     return tuple(out)
 
 
+def _result(rule: Rule, er: Any, df: pd.DataFrame, examples: int) -> CheckResult:
+    if er.exception_info and er.exception_info.get("raised_exception"):
+        msg = er.exception_info.get("exception_message", "error")
+        return CheckResult(rule.name, rule.table, f"{rule.what} (could not run: {msg})", "fail")
+    res = er.result or {}
+    return CheckResult(rule.name, rule.table, rule.what, "pass" if er.success else rule.level,
+                       res.get("unexpected_count"), res.get("observed_value"),
+                       () if er.success else _examples(rule, df, res, examples))
+
+
 def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int = 5,
               docs_dir: Path | None = None) -> list[CheckResult]:
-    """Validate each table against its rules.
+    """Validate each table against its rules (GX's SUMMARY result format: counts and the first offending rows).
 
     Args:
         rules: The rules; those whose table is absent are skipped.
         tables: Table name -> DataFrame.
-        examples: Offending rows kept per failed rule.
+        examples: Offending rows kept per failed rule (at most 20).
         docs_dir: Where to build the Data Docs site, or ``None``.
 
     Returns:
@@ -74,33 +85,23 @@ def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int 
     source = ctx.data_sources.add_pandas("retrain")
     by_idx: dict[int, CheckResult] = {}
     for table, df in tables.items():
-        mine = [(i, r) for i, r in enumerate(rules) if r.table == table]
+        mine = {i: r for i, r in enumerate(rules) if r.table == table}
         if not mine:
             continue
         suite = gx.ExpectationSuite(name=f"retrain-{table}")
-        for i, r in mine:
+        for i, r in mine.items():
             e = r.expectation  # rules are built fresh for each run, so the expectation is ours to annotate
-            e.meta = {"retrain_rule": r.name, "retrain_index": i, "level": r.level, "notes": r.what}
+            e.meta = {"retrain_index": i, "retrain_rule": r.name, "level": r.level, "notes": r.what}
             suite.add_expectation(e)
-        suite = ctx.suites.add(suite)
-        asset = source.add_dataframe_asset(table)
+        batch_definition = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
         vd = ctx.validation_definitions.add(gx.ValidationDefinition(
-            name=table, data=asset.add_batch_definition_whole_dataframe(table), suite=suite))
+            name=table, data=batch_definition, suite=ctx.suites.add(suite)))
         actions: list[Any] = [gx.checkpoint.UpdateDataDocsAction(name="data-docs")] if docs_dir is not None else []
         checkpoint = ctx.checkpoints.add(gx.Checkpoint(name=f"retrain-{table}", validation_definitions=[vd],
-                                                       actions=actions, result_format={"result_format": "COMPLETE"}))
+                                                       actions=actions, result_format={"result_format": "SUMMARY"}))
         run = checkpoint.run(batch_parameters={"dataframe": df})
         for vr in run.run_results.values():
             for er in vr.results:
                 i = er.expectation_config.meta["retrain_index"]
-                r = rules[i]
-                if er.exception_info and er.exception_info.get("raised_exception"):
-                    msg = er.exception_info.get("exception_message", "error")
-                    by_idx[i] = CheckResult(r.name, table, f"{r.what} (could not run: {msg})", "fail")
-                    continue
-                res = er.result or {}
-                status = "pass" if er.success else r.level
-                by_idx[i] = CheckResult(r.name, table, r.what, status, res.get("unexpected_count"),
-                                        res.get("observed_value"),
-                                        () if er.success else _examples(r, df, res, examples))
+                by_idx[i] = _result(mine[i], er, df, examples)
     return [by_idx[i] for i in sorted(by_idx)]

@@ -35,8 +35,12 @@ class CheckResult:
         if not self.examples:
             seen = f" (observed {self.observed:.4g})" if isinstance(self.observed, float) else ""
             return [Problem(self.table, self.rule, f"{self.what}{seen}")]
-        return [Problem(str(e.get("file", self.table)), self.rule, f"{self.what}: {e.get('found', '')}".rstrip(": "))
-                for e in self.examples]
+        out = [Problem(str(e.get("file", self.table)), self.rule, f"{self.what}: {e.get('found', '')}".rstrip(": "))
+               for e in self.examples]
+        more = (self.unexpected or 0) - len(self.examples)
+        if more > 0:
+            out.append(Problem(self.table, self.rule, f"... and {more} more (see reports/validation.json)"))
+        return out
 
 
 @dataclass(frozen=True)

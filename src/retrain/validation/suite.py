@@ -16,6 +16,9 @@ import great_expectations.expectations as gxe
 from retrain.config import ValidateParams
 from retrain.validation.tables import BOX_COLUMNS, CLASS_COLUMNS, IMAGE_COLUMNS
 
+# How great-expectations names a pandas dtype: it compares the dtype's scalar type, and a categorical's is this.
+_GX_TYPE = {"category": "CategoricalDtypeType"}
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -43,7 +46,8 @@ def _schema(table: str, columns: dict[str, str], file_column: str) -> list[Rule]
                   gxe.ExpectTableColumnsToMatchSet(column_set=list(columns), exact_match=True), file_column)]
     for col, dtype in columns.items():
         rules.append(Rule("schema", table, "fail", f"{table}.{col} is {dtype}",
-                          gxe.ExpectColumnValuesToBeOfType(column=col, type_=dtype), file_column))
+                          gxe.ExpectColumnValuesToBeOfType(column=col, type_=_GX_TYPE.get(dtype, dtype)),
+                          file_column))
         if table != "boxes" or col not in ("x", "y", "w", "h", "right_margin", "bottom_margin"):
             rules.append(Rule("schema", table, "fail", f"{table}.{col} has no nulls",
                               gxe.ExpectColumnValuesToNotBeNull(column=col), file_column))
