@@ -146,6 +146,12 @@ def decompression_bomb(b: Path) -> tuple[str, str]:
     return f"images/{img.name}", "image-decodes"
 
 
+def empty_batch(b: Path) -> tuple[str, str]:
+    _edit(b, lambda d: d.update(images=[], annotations=[]))
+    shutil.rmtree(b / "images")
+    return ".", "batch-not-empty"
+
+
 def fifo(b: Path) -> tuple[str, str]:
     img = _first_image(b)
     img.unlink()
@@ -155,7 +161,7 @@ def fifo(b: Path) -> tuple[str, str]:
 
 CASES = [box_outside, zero_area_box, unknown_class, missing_image, truncated_jpeg, dotdot_path, absolute_path,
          symlink_out, python_tag_yaml, random_bytes, zero_bytes, nan_coordinate, duplicate_annotation_id, unlisted_file,
-         size_mismatch, exif_rotated, decompression_bomb, fifo]
+         size_mismatch, exif_rotated, decompression_bomb, fifo, empty_batch]
 
 
 @pytest.mark.parametrize("defect", CASES, ids=[c.__name__ for c in CASES])

@@ -49,6 +49,8 @@ def validate_batch(batch: SourceBatch, params: ValidateParams) -> tuple[ValidBat
         ``(ValidBatch, [])`` when it passes, else ``(None, problems)``.
     """
     problems = list(batch.problems)
+    if not batch.images and not problems:
+        problems.append(Problem(batch.rel(batch.root) or ".", "batch-not-empty", "the batch lists no images"))
     by_root: dict[Path, list[int]] = defaultdict(list)
     for k, entry in enumerate(batch.images):
         by_root[entry.image_root].append(k)

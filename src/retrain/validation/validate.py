@@ -80,6 +80,8 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
     if not ann_file.is_file():
         raise RetrainError(f"{ann_file}: no master dataset; run 'retrain merge' (or 'dvc repro') first")
     coco = orjson.loads(ann_file.read_bytes())
+    if not coco["images"]:
+        raise RetrainError(f"{ann_file}: the master has no images; ingest a batch, then merge")
     cache = ImageCheckCache(paths.cache / "image-checks.json")
     names = [im["file_name"] for im in coco["images"]]
     results = check_files(paths.data.resolve(), paths.data, names, params.max_image_pixels, params.workers,
