@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from retrain.errors import RetrainError, ValidationFailed
+
+if TYPE_CHECKING:
+    from retrain.config import Params
+    from retrain.paths import Paths
 
 app = typer.Typer(
     name="retrain",
@@ -33,6 +37,17 @@ def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug 
 
 def _out(line: str) -> None:
     typer.echo(line)
+
+
+def _workspace(project: Path) -> tuple[Paths, Params]:
+    """The workspace at ``project`` and its validated params (a clear error when it is not one)."""
+    from retrain.config import load_params
+    from retrain.paths import Paths
+    from retrain.workspace import require_workspace
+
+    paths = Paths.at(project)
+    require_workspace(paths)
+    return paths, load_params(paths.params)
 
 
 @app.command()
@@ -67,12 +82,9 @@ def ingest(
     project: ProjectOpt = Path("."),
 ) -> None:
     """Check a batch and add it to data/batches as an immutable, DVC-tracked batch."""
-    from retrain.config import load_params
     from retrain.data.ingest import ingest as run_ingest
-    from retrain.paths import Paths
 
-    paths = Paths.at(project)
-    params = load_params(paths.params)
+    paths, params = _workspace(project)
     result = run_ingest(paths, path, params.ingest, params.validation, name, fmt)
     for note in result.notes:
         _out(f"note: batch {result.name}: {note}")
@@ -85,12 +97,10 @@ def ingest(
 @app.command()
 def merge(project: ProjectOpt = Path(".")) -> None:
     """Merge every ingested batch into data/master (a DVC stage)."""
-    from retrain.config import load_params
     from retrain.data.merge import merge as run_merge
-    from retrain.paths import Paths
 
-    paths = Paths.at(project)
-    t = run_merge(paths, load_params(paths.params).merge).report["totals"]
+    paths, params = _workspace(project)
+    t = run_merge(paths, params.merge).report["totals"]
     _out(f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
          f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)")
 
@@ -98,12 +108,10 @@ def merge(project: ProjectOpt = Path(".")) -> None:
 @app.command()
 def validate(project: ProjectOpt = Path(".")) -> None:
     """Validate data/master (great-expectations + image checks); exit 1 on any failed check (a DVC stage)."""
-    from retrain.config import load_params
-    from retrain.paths import Paths
     from retrain.validation.validate import validate_master
 
-    paths = Paths.at(project)
-    report = validate_master(paths, load_params(paths.params).validation)
+    paths, params = _workspace(project)
+    report = validate_master(paths, params.validation)
     for check in report.warned:
         for p in check.problems():
             _out(f"warning: {p.file}: [{p.rule}] {p.message}")

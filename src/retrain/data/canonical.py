@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from retrain.errors import RetrainError
 from retrain.fsutil import dumps_canonical
 from retrain.validation.batch import ValidBatch
 
@@ -129,5 +130,9 @@ def ingested_batches(batches_dir: Path) -> list[tuple[Path, BatchMeta]]:
     for d in batches_dir.iterdir():
         if d.is_dir() and not d.name.startswith(".") and (batches_dir / f"{d.name}.dvc").is_file() \
                 and (d / META).is_file():
-            out.append((d, read_meta(d)))
+            try:
+                out.append((d, read_meta(d)))
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise RetrainError(f"batch {d.name}: {META} cannot be read ({e}); run 'dvc checkout' to "
+                                   "restore it") from e
     return sorted(out, key=lambda t: (t[1].seq, t[1].name))

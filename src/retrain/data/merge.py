@@ -25,6 +25,7 @@ from retrain.errors import RetrainError
 from retrain.faults import fault_point
 from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
 from retrain.paths import Paths
+from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def merge(paths: Paths, params: MergeParams) -> MergeResult:
     Raises:
         RetrainError: A batch's canonical files cannot be read.
     """
+    require_workspace(paths)
     docs = []
     for d, meta in canonical.ingested_batches(paths.batches):
         try:

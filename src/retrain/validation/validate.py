@@ -24,6 +24,7 @@ from retrain.validation.images import ImageCheckCache, ImageResult, check_files
 from retrain.validation.report import CheckResult, ValidationReport
 from retrain.validation.suite import master_rules
 from retrain.validation.tables import box_table, class_table, image_table
+from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
     Raises:
         RetrainError: There is no master to validate.
     """
+    require_workspace(paths)
     ann_file = paths.master / "annotations.json"
     if not ann_file.is_file():
         raise RetrainError(f"{ann_file}: no master dataset; run 'retrain merge' (or 'dvc repro') first")
