@@ -35,6 +35,7 @@ class CanonicalBatch:
     """A batch ready to be written: its COCO document and the files it names."""
 
     coco: dict[str, Any]
+    text: str  # ``coco`` as written to annotations.json; ``content_sha256`` is its hash
     files: tuple[tuple[str, Path, str], ...]  # (name under images/, source file, sha256)
     content_sha256: str
 
@@ -100,8 +101,8 @@ def build(valid: ValidBatch) -> CanonicalBatch:
             anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": a["category_id"],
                          "bbox": [x, y, w, h], "area": round(w * h, 4), "iscrowd": 0})
     coco = {"categories": src["categories"], "images": coco_images, "annotations": anns}
-    digest = hashlib.sha256(dumps_canonical(coco).encode()).hexdigest()
-    return CanonicalBatch(coco, tuple(files), digest)
+    text = dumps_canonical(coco)
+    return CanonicalBatch(coco, text, tuple(files), hashlib.sha256(text.encode()).hexdigest())
 
 
 def read_meta(batch_dir: Path) -> BatchMeta:

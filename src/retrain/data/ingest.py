@@ -78,7 +78,7 @@ def _write_batch(paths: Paths, name: str, fmt: str, batch: canonical.CanonicalBa
     try:
         for rel, src, sha in batch.files:
             _copy_verified(src, stage / canonical.IMAGES / rel, sha)
-        (stage / canonical.ANNOTATIONS).write_text(dumps_canonical(batch.coco), encoding="utf-8")
+        (stage / canonical.ANNOTATIONS).write_text(batch.text, encoding="utf-8")
         meta = canonical.BatchMeta(name, seq, fmt, batch.content_sha256, len(batch.coco["images"]),
                                    len(batch.coco["annotations"]), notes)
         (stage / canonical.META).write_text(dumps_canonical(meta.to_json()), encoding="utf-8")

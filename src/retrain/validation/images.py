@@ -22,6 +22,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from PIL import Image, UnidentifiedImageError
 
+from retrain.fsutil import write_atomic
+
 #: Formats PIL may decode for us; anything else named .jpg is refused.
 ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "BMP", "WEBP", "TIFF", "MPO"})
 
@@ -190,8 +192,6 @@ class ImageCheckCache:
 
     def save(self) -> None:
         if self.path is not None:
-            from retrain.fsutil import write_atomic
-
             write_atomic(self.path, json.dumps(self.entries, sort_keys=True))
 
 
