@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -124,6 +125,20 @@ def validate(project: ProjectOpt = Path(".")) -> None:
 
 
 @app.command()
+def train(project: ProjectOpt = Path(".")) -> None:
+    """Train a candidate on the whole master, warm-started from the champion; resumes after a crash (a DVC stage)."""
+    from retrain.training.train import train as run_train
+
+    paths, params = _workspace(project)
+    result = run_train(paths, params)
+    if result is None:  # another rank of a multi-process run
+        return
+    r = result.report
+    _out(f"candidate {result.candidate}: mAP50-95 {r['ema']['mAP50-95']:.4f} (EMA; raw {r['raw']['mAP50-95']:.4f}), "
+         f"mAP50 {r['ema']['mAP50']:.4f}, best epoch {r['best_epoch']} of {r['epochs']}; report {paths.train_report}")
+
+
+@app.command()
 def demo(
     workspace: Annotated[Path, typer.Option(help="Workspace folder (made if missing).")] = Path("retrain-demo"),
     batches: Annotated[int, typer.Option(min=1, max=20)] = 2,
@@ -139,6 +154,7 @@ def demo(
 
 def main() -> None:
     """Console entry point: expected failures print their lines and exit non-zero, without a traceback."""
+    os.environ.setdefault("YOLO_OFFLINE", "true")  # ultralytics must never download weights or fonts
     try:
         app()
     except RetrainError as e:

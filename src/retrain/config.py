@@ -74,6 +74,70 @@ class ValidateParams(_Section):
         return self
 
 
+class AugmentParams(_Section):
+    """ultralytics' training augmentations (names and meaning as in its ``default.yaml``)."""
+
+    hsv_h: float = Field(default=0.015, ge=0, le=1)
+    hsv_s: float = Field(default=0.7, ge=0, le=1)
+    hsv_v: float = Field(default=0.4, ge=0, le=1)
+    degrees: float = Field(default=0.0, ge=0, le=180)
+    translate: float = Field(default=0.1, ge=0, le=1)
+    scale: float = Field(default=0.5, ge=0, le=1)
+    fliplr: float = Field(default=0.5, ge=0, le=1)
+    flipud: float = Field(default=0.0, ge=0, le=1)
+    mosaic: float = Field(default=1.0, ge=0, le=1)
+    mixup: float = Field(default=0.0, ge=0, le=1)
+    close_mosaic: int = Field(default=10, ge=0, description="Last epochs trained without mosaic.")
+
+
+class TrainParams(_Section):
+    """Knobs of ``retrain train``."""
+
+    model: str = Field(default="yolo11n.yaml", min_length=1,
+                       description="ultralytics architecture yaml (built offline, never downloaded).")
+    use_champion: bool = Field(default=True, description="Warm-start from the registry's champion when there is one.")
+    base_model: str = Field(default="", description="Warm start when there is no champion: a local ultralytics .pt "
+                            "or retrain model file (relative to the workspace); empty = from scratch.")
+    imgsz: int = Field(default=320, ge=32, multiple_of=32)
+    epochs: int = Field(default=30, ge=1)
+    batch: int = Field(default=16, ge=1)
+    accumulate: int = Field(default=1, ge=1, description="Batches per optimizer step.")
+    workers: int = Field(default=2, ge=0, description="Dataloader processes.")
+    optimizer: Literal["AdamW", "SGD"] = "AdamW"
+    lr: float = Field(default=0.002, gt=0)
+    lrf: float = Field(default=0.01, gt=0, le=1, description="Final learning rate as a fraction of lr.")
+    schedule: Literal["cosine", "linear"] = "cosine"
+    momentum: float = Field(default=0.9, ge=0, lt=1, description="SGD momentum, or AdamW's beta1.")
+    weight_decay: float = Field(default=0.0005, ge=0)
+    warmup_epochs: float = Field(default=1.0, ge=0, description="Linear learning-rate warm-up.")
+    grad_clip: float = Field(default=10.0, ge=0, description="Gradient norm clip; 0 = off.")
+    ema_decay: float = Field(default=0.9999, gt=0, lt=1)
+    ema_tau: float = Field(default=2000, gt=0, description="EMA warm-up: decay * (1 - exp(-updates / tau)).")
+    eval_interval: int = Field(default=1, ge=1, description="Epochs between val mAP measurements.")
+    patience: int = Field(default=20, ge=1, description="Evaluations without improvement before stopping early.")
+    nms_conf: float = Field(default=0.001, ge=0, le=1)
+    nms_iou: float = Field(default=0.7, gt=0, le=1)
+    max_det: int = Field(default=300, ge=1)
+    cache: Literal["auto", "ram", "disk", "none"] = Field(
+        default="auto", description="Decoded-image cache; auto = RAM when it fits three times over, else disk.")
+    seed: int = 0
+    threads: int = Field(default=0, ge=0, description="torch CPU threads; 0 = the cores this process may use.")
+    accelerator: str = "auto"
+    devices: int | str = "auto"
+    strategy: str = "auto"
+    num_nodes: int = Field(default=1, ge=1)
+    precision: str = Field(default="auto", description="auto = bf16-mixed on a CUDA GPU with bf16, else 32-true.")
+    channels_last: Literal["auto", "on", "off"] = Field(default="auto", description="auto = on CUDA only.")
+    augment: AugmentParams = AugmentParams()
+
+
+class RegistryParams(_Section):
+    """The MLflow model registry (its URI comes from ``MLFLOW_TRACKING_URI``, default ``mlflow.db``)."""
+
+    model_name: str = Field(default="retrain-detector", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    experiment: str = Field(default="retrain", min_length=1)
+
+
 class Params(_Section):
     """All of ``params.yaml``."""
 
@@ -81,6 +145,8 @@ class Params(_Section):
     merge: MergeParams = MergeParams()
     # The section is `validate` in params.yaml (the stage's name); `validate` is taken on pydantic models.
     validation: ValidateParams = Field(default=ValidateParams(), alias="validate")
+    train: TrainParams = TrainParams()
+    registry: RegistryParams = RegistryParams()
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:

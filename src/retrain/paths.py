@@ -69,6 +69,29 @@ class Paths:
         return self.reports / "validation"
 
     @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    @property
+    def candidate(self) -> Path:
+        """The trained candidate (``model.pt``): the ``train`` stage's output."""
+        return self.models / "candidate"
+
+    @property
+    def checkpoints(self) -> Path:
+        """Lightning checkpoints of the run in progress; outside any DVC output so that a rerun can resume."""
+        return self.models / "checkpoints"
+
+    @property
+    def train_report(self) -> Path:
+        return self.reports / "train.json"
+
+    @property
+    def train_metrics(self) -> Path:
+        """Per-epoch metrics (Lightning's CSVLogger) for ``dvc plots``."""
+        return self.reports / "train" / "metrics.csv"
+
+    @property
     def cache(self) -> Path:
         """Per-workspace caches that are neither versioned nor tracked (image-check results)."""
         return self.root / ".cache"

@@ -18,7 +18,8 @@ def _repro(ws: Path):
     import sys
 
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    return subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=ws, capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "dvc", "repro", "validate"], cwd=ws, capture_output=True, text=True,
+                          env=env)
 
 
 def test_sample_data_passes_with_report_docs_and_drift(workspace: Paths, sample_root: Path):

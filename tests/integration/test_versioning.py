@@ -23,15 +23,15 @@ def _commit(paths: Paths, msg: str) -> None:
 def test_two_batches_versioned_together(workspace: Paths, sample_root: Path):
     ws = workspace.root
     run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
-    run_dvc("repro", cwd=ws)
+    run_dvc("repro", "validate", cwd=ws)
     _commit(workspace, "batch-1")
     v1_hash, v1_lock = tree_hash(workspace.master), (ws / "dvc.lock").read_text()
     v1 = load_json(workspace.master / "annotations.json")
     v1_split = {r["sha256"]: r["split"] for r in _manifest(workspace).values()}
 
     run_cli("ingest", sample_root / "batch-2", cwd=ws, check=True)
-    assert "data/master" in run_dvc("status", cwd=ws) or "changed" in run_dvc("status", cwd=ws)
-    run_dvc("repro", cwd=ws)
+    assert "data/master" in run_dvc("status", "validate", cwd=ws) or "changed" in run_dvc("status", "validate", cwd=ws)
+    run_dvc("repro", "validate", cwd=ws)
     _commit(workspace, "batch-2")
     v2 = load_json(workspace.master / "annotations.json")
     manifest = _manifest(workspace)
@@ -48,13 +48,13 @@ def test_two_batches_versioned_together(workspace: Paths, sample_root: Path):
     assert all(manifest[sha]["split"] == s for sha, s in v1_split.items())
     assert {"train", "val"} <= {r["split"] for r in manifest.values()}
     # DVC agrees that everything is up to date.
-    assert "up to date" in run_dvc("status", cwd=ws).lower()
+    assert "up to date" in run_dvc("status", "validate", cwd=ws).lower()
 
     # Merging again gives the same bytes, so the DVC hash does not move.
     v2_lock = (ws / "dvc.lock").read_text()
     run_dvc("repro", "-f", "-s", "merge", cwd=ws)
     assert (ws / "dvc.lock").read_text() == v2_lock
-    assert "up to date" in run_dvc("status", cwd=ws).lower()
+    assert "up to date" in run_dvc("status", "validate", cwd=ws).lower()
 
     # Going back: the previous dvc.lock + dvc checkout gives master v1 byte for byte.
     rev1 = git("rev-list", "--max-count=1", "HEAD~1", cwd=ws).strip()
@@ -67,7 +67,7 @@ def test_two_batches_versioned_together(workspace: Paths, sample_root: Path):
 def test_push_to_the_local_remote_and_pull_into_a_clone(workspace: Paths, sample_root: Path, tmp_path: Path):
     ws = workspace.root
     run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
-    run_dvc("repro", cwd=ws)
+    run_dvc("repro", "validate", cwd=ws)
     _commit(workspace, "batch-1")
     run_dvc("push", cwd=ws)
     clone = tmp_path / "clone"
@@ -75,7 +75,7 @@ def test_push_to_the_local_remote_and_pull_into_a_clone(workspace: Paths, sample
     run_dvc("pull", cwd=clone)
     assert tree_hash(clone / "data" / "master") == tree_hash(workspace.master)
     assert tree_hash(clone / "data" / "batches") == tree_hash(workspace.batches)
-    assert "up to date" in run_dvc("status", cwd=clone).lower()
+    assert "up to date" in run_dvc("status", "validate", cwd=clone).lower()
 
 
 def test_same_batch_again_changes_nothing(workspace: Paths, sample_root: Path):

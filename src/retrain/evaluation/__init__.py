@@ -1,0 +1,1 @@
+"""Evaluation: prediction with ultralytics' NMS, scoring with pycocotools."""

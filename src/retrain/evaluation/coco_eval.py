@@ -1,0 +1,103 @@
+"""Score detections with pycocotools' ``COCOeval``: mAP50-95, mAP50, mAP75, AR100 and AP per class.
+
+Ground truth is a COCO document (the master's val split); detections are COCO result dicts
+(``image_id``, ``category_id``, ``bbox`` in pixels ``[x, y, w, h]``, ``score``).  No detections at all
+score 0 rather than crash (pycocotools cannot load an empty result list).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
+
+
+@dataclass(frozen=True)
+class CocoMetrics:
+    """COCO metrics of one model on one set of images.
+
+    Attributes:
+        map: mAP at IoU 0.50:0.95.
+        map50: mAP at IoU 0.50.
+        map75: mAP at IoU 0.75.
+        ar100: Average recall with at most 100 detections per image.
+        per_class: Category name -> AP at IoU 0.50:0.95 (-1 for a class with no ground truth here).
+        images: Images evaluated.
+    """
+
+    map: float
+    map50: float
+    map75: float
+    ar100: float
+    per_class: dict[str, float] = field(default_factory=dict)
+    images: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain numbers for reports and loggers."""
+        return {"mAP50-95": self.map, "mAP50": self.map50, "mAP75": self.map75, "AR100": self.ar100,
+                "images": self.images, "per_class": dict(self.per_class)}
+
+
+def ground_truth(doc: Mapping[str, Any], split: str | None = "val") -> COCO:
+    """A pycocotools ``COCO`` index over the images of one split of a COCO document.
+
+    Args:
+        doc: A COCO document whose images may carry ``split``.
+        split: Keep only images of this split; ``None`` keeps all.
+
+    Returns:
+        The index (built without printing).
+    """
+    images = [im for im in doc["images"] if split is None or im.get("split") == split]
+    ids = {im["id"] for im in images}
+    anns = [{**a, "area": a.get("area", a["bbox"][2] * a["bbox"][3]), "iscrowd": a.get("iscrowd", 0)}
+            for a in doc["annotations"] if a["image_id"] in ids]
+    gt = COCO()
+    gt.dataset = {"images": images, "annotations": anns, "categories": list(doc["categories"])}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt.createIndex()
+    return gt
+
+
+def evaluate(gt: COCO, detections: Iterable[Mapping[str, Any]]) -> CocoMetrics:
+    """Run ``COCOeval`` (bbox) of ``detections`` against ``gt``.
+
+    Args:
+        gt: The ground-truth index.
+        detections: COCO result dicts; may be empty.
+
+    Returns:
+        The metrics; all zero when there are no detections.
+    """
+    dets = [dict(d) for d in detections]
+    names = {c["id"]: c["name"] for c in gt.dataset["categories"]}
+    n_images = len(gt.getImgIds())
+    if not dets or not gt.getAnnIds():
+        present = {a["category_id"] for a in gt.dataset["annotations"]}
+        return CocoMetrics(0.0, 0.0, 0.0, 0.0, {n: (0.0 if c in present else -1.0) for c, n in names.items()},
+                           n_images)
+    with contextlib.redirect_stdout(io.StringIO()):
+        dt = gt.loadRes(dets)
+        ev = COCOeval(gt, dt, "bbox")
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return CocoMetrics(float(ev.stats[0]), float(ev.stats[1]), float(ev.stats[2]), float(ev.stats[8]),
+                       _per_class(ev, names), n_images)
+
+
+def _per_class(ev: COCOeval, names: Mapping[int, str]) -> dict[str, float]:
+    """AP@[.50:.95] per category from the accumulated precision array (area all, maxDets 100)."""
+    precision = ev.eval["precision"]  # [T, R, K, A, M]
+    out = {}
+    for k, cat_id in enumerate(ev.params.catIds):
+        p = precision[:, :, k, 0, -1]
+        valid = p[p > -1]
+        out[names[cat_id]] = float(np.mean(valid)) if valid.size else -1.0
+    return out

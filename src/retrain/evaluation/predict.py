@@ -1,0 +1,59 @@
+"""Predictions of a ``DetectionModel`` on a collated ultralytics batch, as COCO result dicts.
+
+ultralytics' own NMS (evaluation settings from params) and ``scale_boxes`` map the letterboxed
+boxes back to each original image, as its validator does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from ultralytics.utils import ops
+from ultralytics.utils.nms import non_max_suppression
+
+
+def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], category_ids: Sequence[int],
+                conf: float, iou: float, max_det: int) -> list[dict[str, Any]]:
+    """NMS, back to original pixels, COCO result dicts.
+
+    Args:
+        preds: The model's eval-mode output (decoded predictions, or a tuple whose first item is).
+        batch: The collated batch (``img``, ``ori_shape``, ``ratio_pad``).
+        image_ids: COCO image id of each image in the batch.
+        category_ids: COCO category id of each class index.
+        conf: Confidence threshold.
+        iou: NMS IoU threshold.
+        max_det: Detections kept per image.
+
+    Returns:
+        One dict per detection: ``image_id``, ``category_id``, ``bbox`` (x, y, w, h), ``score``.
+    """
+    out = non_max_suppression(preds, conf, iou, multi_label=True, max_det=max_det)
+    shape = batch["img"].shape[2:]
+    dets: list[dict[str, Any]] = []
+    for i, d in enumerate(out):
+        if not len(d):
+            continue
+        boxes = torch.as_tensor(ops.scale_boxes(shape, d[:, :4].clone().float(), batch["ori_shape"][i],
+                                                ratio_pad=batch["ratio_pad"][i]))
+        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).cpu().tolist()
+        for box, score, cls in zip(xywh, d[:, 4].cpu().tolist(), d[:, 5].cpu().tolist(), strict=True):
+            dets.append({"image_id": int(image_ids[i]), "category_id": int(category_ids[int(cls)]),
+                         "bbox": [round(v, 3) for v in box], "score": round(float(score), 5)})
+    return dets
+
+
+@torch.no_grad()
+def predict_loader(model: torch.nn.Module, loader: Any, image_ids: Mapping[str, int], category_ids: Sequence[int],
+                   conf: float, iou: float, max_det: int) -> list[dict[str, Any]]:
+    """Detections of ``model`` (put in eval mode) on every batch of ``loader``, as COCO result dicts."""
+    model.eval()
+    device = next(model.parameters()).device
+    dets: list[dict[str, Any]] = []
+    for batch in loader:
+        img = batch["img"].to(device).float() / 255
+        ids = [image_ids[f] for f in batch["im_file"]]
+        dets.extend(postprocess(model(img), batch, ids, category_ids, conf, iou, max_det))
+    return dets

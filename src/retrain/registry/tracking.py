@@ -1,0 +1,77 @@
+"""Where MLflow lives, and the champion's weights for a warm start.
+
+The tracking URI comes from ``MLFLOW_TRACKING_URI``; the embedded default is a sqlite store in the
+workspace (``mlflow.db``) with artifacts in ``mlartifacts/``.  A real ``mlflow server`` (Postgres, S3)
+is a change of URI.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrain.errors import RetrainError
+
+log = logging.getLogger(__name__)
+
+CHAMPION = "champion"
+WEIGHTS_NAME = "model.pt"
+
+
+def tracking_uri(root: Path) -> str:
+    """``MLFLOW_TRACKING_URI``, else ``sqlite:///<root>/mlflow.db``."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root.resolve() / 'mlflow.db'}"
+
+
+def artifact_root(root: Path) -> str:
+    """Artifact location for experiments made in the embedded default store."""
+    return (root.resolve() / "mlartifacts").as_uri()
+
+
+@dataclass(frozen=True)
+class Champion:
+    """The registry's champion, downloaded.
+
+    Attributes:
+        version: Its model version.
+        weights: A local copy of its retrain model file.
+    """
+
+    version: str
+    weights: Path
+
+
+def champion(uri: str, model_name: str, dest: Path) -> Champion | None:
+    """Download the weights of ``models:/<model_name>@champion``; ``None`` when there is no champion yet.
+
+    Args:
+        uri: Tracking URI.
+        model_name: Registered model name.
+        dest: Folder to download into.
+
+    Raises:
+        RetrainError: The registry cannot be reached, or the champion has no retrain model file.
+    """
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        mv = client.get_model_version_by_alias(model_name, CHAMPION)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise RetrainError(f"model registry {uri}: cannot read {model_name}@{CHAMPION} ({e.message})") from e
+    dest.mkdir(parents=True, exist_ok=True)
+    where = Path(tempfile.mkdtemp(prefix="champion-", dir=dest))
+    local = Path(download_artifacts(artifact_uri=f"models:/{model_name}/{mv.version}", dst_path=str(where),
+                                    tracking_uri=uri))
+    found = sorted(local.rglob(WEIGHTS_NAME))
+    if not found:
+        raise RetrainError(f"model registry: {model_name} version {mv.version} has no {WEIGHTS_NAME}")
+    log.info("champion: %s version %s", model_name, mv.version)
+    return Champion(str(mv.version), found[0])

@@ -1,0 +1,1 @@
+"""Training: a Lightning module around ultralytics' DetectionModel, its datamodule, callbacks and train()."""

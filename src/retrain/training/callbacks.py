@@ -1,0 +1,102 @@
+"""Lightning callbacks and the checkpoint IO of a training run (each small; the loop is Lightning's).
+
+- ``WarmupEMA``: Lightning's ``EMAWeightAveraging`` with ultralytics' decay warm-up, so early updates are not
+  dominated by the initial weights.  Validation and checkpoints use the EMA weights; its state survives resume.
+- ``EpochSeed``: reseeds every RNG from (seed, epoch) before each epoch's loader starts, so a run resumed at
+  epoch N draws the same shuffles and augmentations as one that never stopped.
+- ``CloseMosaic``: mosaic off for the last ``close_mosaic`` epochs, as ultralytics' trainer does.
+- ``FaultPoints``: named points for the fault tests (``RETRAIN_FAULT=train.epoch<N>``, in that epoch's 2nd batch).
+- ``AtomicCheckpointIO``: checkpoints written to a temp file, fsynced and renamed; the previous ``last.ckpt``
+  is kept as ``last.prev.ckpt`` (the fallback when the newest is damaged); loads are ``weights_only=True``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import Callback, EMAWeightAveraging
+
+from retrain.faults import fault_point
+from retrain.fsutil import fsync_dir
+
+LAST = "last.ckpt"
+PREVIOUS = "last.prev.ckpt"
+
+
+class WarmupEMA(EMAWeightAveraging):
+    """EMA of the weights with decay ``decay * (1 - exp(-updates / tau))`` (ultralytics' ``ModelEMA`` ramp)."""
+
+    def __init__(self, decay: float, tau: float) -> None:
+        super().__init__(decay=decay)
+
+        def ema(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+            d = decay * (1 - math.exp(-float(num_averaged) / tau))
+            return averaged * d + current * (1 - d)
+
+        self._kwargs["avg_fn"] = ema  # replaces the constant-decay function EMAWeightAveraging set
+
+
+class EpochSeed(Callback):
+    """Seed torch, numpy and random from ``(seed, epoch)`` at each epoch start."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        pl.seed_everything(self.seed * 1000 + trainer.current_epoch, workers=True, verbose=False)
+
+
+class CloseMosaic(Callback):
+    """Call the datamodule's ``close_mosaic()`` when the last ``epochs`` epochs begin (also after a resume)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.epochs and trainer.current_epoch >= (trainer.max_epochs or 0) - self.epochs:
+            dm = trainer.datamodule  # type: ignore[attr-defined]
+            if dm is not None and not getattr(dm, "mosaic_closed", False):
+                dm.close_mosaic()
+                dm.mosaic_closed = True
+
+
+class FaultPoints(Callback):
+    """``fault_point('train.epoch<N>')`` in the second batch of epoch N (0-based)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if batch_idx == 1:
+            fault_point(f"train.epoch{trainer.current_epoch}")
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Temp file + fsync + rename for every checkpoint; ``last.ckpt`` rotates to ``last.prev.ckpt``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            fault_point("train.checkpoint")
+            if target.name == LAST and target.exists():
+                os.replace(target, target.with_name(PREVIOUS))
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(target.parent)
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+                        ) -> dict[str, Any]:
+        location = map_location if map_location is not None else torch.device("cpu")
+        return super().load_checkpoint(path, map_location=location, weights_only=True)  # type: ignore[arg-type]

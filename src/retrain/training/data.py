@@ -1,0 +1,194 @@
+"""The master dataset as ultralytics datasets, in a ``LightningDataModule``.
+
+Labels come from ``data/master/annotations.json`` in memory: ultralytics never scans label files, so it
+writes no ``labels.cache`` and repairs no JPEG next to the DVC-tracked batches.  Its disk image cache
+(``.npy`` files) is redirected to the workspace's ``.cache/images``, keyed by each image's sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from copy import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import psutil
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+from ultralytics.cfg import get_cfg
+from ultralytics.data.dataset import YOLODataset
+
+from retrain.config import TrainParams
+from retrain.errors import RetrainError
+from retrain.validation.images import UnsafePath, safe_member
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Master:
+    """The master dataset as training reads it.
+
+    Attributes:
+        doc: The master COCO document.
+        names: Class names, in class-index order (sorted by category id).
+        category_ids: COCO category id of each class index.
+        version: sha256 of ``annotations.json``: it names every image by content, so it fixes the data.
+        data_root: The folder image file names are relative to.
+    """
+
+    doc: dict[str, Any]
+    names: tuple[str, ...]
+    category_ids: tuple[int, ...]
+    version: str
+    data_root: Path
+
+    def images(self, split: str) -> list[dict[str, Any]]:
+        """The images of one split."""
+        return [im for im in self.doc["images"] if im.get("split") == split]
+
+
+def load_master(master_dir: Path, data_root: Path) -> Master:
+    """Read the master written by ``retrain merge``.
+
+    Raises:
+        RetrainError: There is no master, or it has no train or no val images.
+    """
+    ann = master_dir / "annotations.json"
+    if not ann.is_file():
+        raise RetrainError(f"{ann}: no master dataset; run 'retrain merge' (or 'dvc repro') first")
+    raw = ann.read_bytes()
+    doc = orjson.loads(raw)
+    cats = sorted(doc["categories"], key=lambda c: c["id"])
+    master = Master(doc, tuple(c["name"] for c in cats), tuple(c["id"] for c in cats),
+                    hashlib.sha256(raw).hexdigest(), data_root.resolve())
+    for split in ("train", "val"):
+        if not master.images(split):
+            raise RetrainError(f"{ann}: the master has no {split} images; ingest more data before training")
+    return master
+
+
+def _labels(master: Master, images: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """ultralytics label dicts (normalised xywh, class index) for ``images``."""
+    index = {c: i for i, c in enumerate(master.category_ids)}
+    by_image: dict[int, list[dict[str, Any]]] = {}
+    for a in master.doc["annotations"]:
+        by_image.setdefault(a["image_id"], []).append(a)
+    out: list[dict[str, Any]] = []
+    for im in images:
+        try:
+            path = safe_member(master.data_root, master.data_root, im["file_name"])
+        except UnsafePath as e:
+            raise RetrainError(f"master: {im['file_name']}: [path-inside-root] {e}") from e
+        w, h = float(im["width"]), float(im["height"])
+        anns = by_image.get(im["id"], [])
+        xywh = np.array([[(x + bw / 2) / w, (y + bh / 2) / h, bw / w, bh / h] for x, y, bw, bh in
+                         (a["bbox"] for a in anns)], dtype=np.float32).reshape(-1, 4)
+        cls = np.array([[index[a["category_id"]]] for a in anns], dtype=np.float32).reshape(-1, 1)
+        out.append({"im_file": str(path), "shape": (int(h), int(w)), "cls": cls, "bboxes": xywh.clip(0, 1),
+                    "segments": [], "keypoints": None, "normalized": True, "bbox_format": "xywh"})
+    return out
+
+
+class MasterDataset(YOLODataset):
+    """ultralytics' ``YOLODataset`` (letterbox, augmentations, mosaic) over label dicts given in memory."""
+
+    def __init__(self, labels: list[dict[str, Any]], shas: list[str], npy_dir: Path, **kwargs: Any) -> None:
+        self._given = labels
+        self._npy = [npy_dir / f"{s}.npy" for s in shas]
+        super().__init__(img_path=[lb["im_file"] for lb in labels], **kwargs)
+        self.npy_files = self._npy  # never next to the data, in any cache mode
+
+    def get_img_files(self, img_path: str | list[str]) -> list[str]:
+        return list(img_path)
+
+    def get_labels(self) -> list[dict[str, Any]]:
+        return [dict(lb) for lb in self._given]
+
+    def check_cache_disk(self, safety_margin: float = 0.1) -> bool:
+        self.npy_files = self._npy
+        self._npy[0].parent.mkdir(parents=True, exist_ok=True)
+        return bool(super().check_cache_disk(safety_margin))
+
+
+def choose_cache(mode: str, images: list[dict[str, Any]], imgsz: int, workers: int) -> str:
+    """The image cache mode: RAM only when the decoded, resized images fit three times over in available memory.
+
+    Args:
+        mode: ``auto``, ``ram``, ``disk`` or ``none`` (from params).
+        images: The images to cache (with ``width``/``height``).
+        imgsz: Training size (images are cached resized to it).
+        workers: Dataloader processes (each may copy pages of the cache).
+
+    Returns:
+        ``ram``, ``disk`` or ``none``; logged with the figures when ``auto`` decided.
+    """
+    if mode != "auto":
+        return mode
+    need = 0
+    for im in images:
+        r = min(1.0, imgsz / max(im["width"], im["height"])) if max(im["width"], im["height"]) else 1.0
+        need += int(im["width"] * r) * int(im["height"] * r) * 3
+    avail = psutil.virtual_memory().available
+    choice = "ram" if 3 * need <= avail else "disk"
+    log.info("image cache: %s (decoded images %.1f MiB, x3 = %.1f MiB, available memory %.1f MiB, %d workers)",
+             choice, need / 2**20, 3 * need / 2**20, avail / 2**20, workers)
+    return choice
+
+
+def hyperparameters(params: TrainParams) -> Any:
+    """ultralytics' hyperparameter namespace: its defaults, our augmentations and image size."""
+    aug = params.augment.model_dump()
+    aug.pop("close_mosaic")
+    return get_cfg(overrides={**aug, "imgsz": params.imgsz, "close_mosaic": params.augment.close_mosaic,
+                              "batch": params.batch, "workers": params.workers, "plots": False})
+
+
+class MasterDataModule(pl.LightningDataModule):
+    """Train and val loaders over the whole master (every batch, old and new)."""
+
+    def __init__(self, master: Master, params: TrainParams, cache_dir: Path) -> None:
+        super().__init__()
+        self.master, self.params, self.cache_dir = master, params, cache_dir
+        self.hyp = hyperparameters(params)
+        self.train_set: MasterDataset | None = None
+        self.val_set: MasterDataset | None = None
+        self.val_image_ids: dict[str, int] = {}
+
+    def _dataset(self, split: str, augment: bool, cache: str) -> MasterDataset:
+        images = self.master.images(split)
+        return MasterDataset(_labels(self.master, images), [im["sha256"] for im in images], self.cache_dir / "images",
+                             data={"names": dict(enumerate(self.master.names)), "channels": 3}, task="detect",
+                             imgsz=self.params.imgsz, cache=None if cache == "none" else cache, augment=augment,
+                             hyp=copy(self.hyp), prefix=f"{split}: ", rect=False, batch_size=self.params.batch,
+                             stride=32, pad=0.0 if augment else 0.5)
+
+    def setup(self, stage: str) -> None:
+        if self.train_set is not None:
+            return
+        cache = choose_cache(self.params.cache, self.master.doc["images"], self.params.imgsz, self.params.workers)
+        self.train_set = self._dataset("train", True, cache)
+        self.val_set = self._dataset("val", False, cache)
+        self.val_image_ids = {lb["im_file"]: im["id"] for lb, im in
+                              zip(self.val_set.labels, self.master.images("val"), strict=True)}
+
+    def _loader(self, ds: MasterDataset | None, shuffle: bool) -> DataLoader[Any]:
+        assert ds is not None, "setup() first"
+        # persistent_workers off: close_mosaic changes the dataset, and each epoch's workers must see it.
+        return DataLoader(ds, batch_size=self.params.batch, shuffle=shuffle, num_workers=self.params.workers,
+                          collate_fn=YOLODataset.collate_fn, pin_memory=False, drop_last=False)
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return self._loader(self.train_set, True)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return self._loader(self.val_set, False)
+
+    def close_mosaic(self) -> None:
+        """Turn mosaic (and mixup) off for the last epochs, as ultralytics' trainer does."""
+        if self.train_set is not None:
+            self.train_set.close_mosaic(hyp=copy(self.hyp))

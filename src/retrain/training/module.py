@@ -1,0 +1,141 @@
+"""The ``LightningModule``: ultralytics' ``DetectionModel`` and its own detection loss.
+
+Validation predicts with ultralytics' NMS and scores with pycocotools on the master's val split
+(``val/mAP50-95`` is what checkpoints and early stopping watch).  Under DDP every rank gathers all
+ranks' detections, so each computes the same score.
+"""
+
+from __future__ import annotations
+
+import math
+from copy import deepcopy
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+from torch import nn
+from ultralytics.nn.tasks import DetectionModel
+
+from retrain.config import TrainParams
+from retrain.evaluation.coco_eval import CocoMetrics, evaluate, ground_truth
+from retrain.evaluation.predict import postprocess
+from retrain.training.data import Master, hyperparameters
+
+
+def build_model(model_yaml: str | dict[str, Any], names: tuple[str, ...] | list[str]) -> DetectionModel:
+    """An untrained ``DetectionModel`` for ``names`` from an ultralytics yaml name or dict (nothing downloaded)."""
+    cfg = deepcopy(model_yaml) if isinstance(model_yaml, dict) else model_yaml
+    model = DetectionModel(cfg=cfg, ch=3, nc=len(names), verbose=False)
+    model.names = dict(enumerate(names))
+    return model
+
+
+class DetectorModule(pl.LightningModule):
+    """Fine-tunes a ``DetectionModel`` on the master.
+
+    Args:
+        model: The network (warm-started or fresh).
+        master: The dataset (class names and the val ground truth).
+        params: The ``train`` section.
+    """
+
+    def __init__(self, model: DetectionModel, master: Master, params: TrainParams) -> None:
+        super().__init__()
+        self.model = model
+        self.model.args = hyperparameters(params)  # box/cls/dfl gains for ultralytics' loss
+        self.params = params
+        self.category_ids = master.category_ids
+        self.gt = ground_truth(master.doc, "val")
+        self.image_ids: dict[str, int] = {}
+        self._dets: list[dict[str, Any]] = []
+        self.last_metrics: CocoMetrics | None = None
+        self.run_meta: dict[str, Any] = {}  # data version, params hash, MLflow run: saved in every checkpoint
+        self.memory_format = torch.channels_last if params.channels_last == "on" else torch.contiguous_format
+
+    def forward(self, img: torch.Tensor) -> Any:
+        return self.model(img)
+
+    def _images(self, batch: dict[str, Any]) -> torch.Tensor:
+        return (batch["img"].float() / 255).contiguous(memory_format=self.memory_format)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        preds = self.model(self._images(batch))
+        loss, items = self.model.loss(batch, preds)
+        n = batch["img"].shape[0]
+        self.log_dict({f"train/{k}": v for k, v in items.items()}, on_step=False, on_epoch=True, batch_size=n)
+        total = loss.sum()
+        self.log("loss", total.detach() / n, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=n)
+        self.log("train/loss", total.detach() / n, on_step=False, on_epoch=True, batch_size=n)
+        return total
+
+    def on_validation_epoch_start(self) -> None:
+        self._dets = []
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        preds = self.model(self._images(batch))
+        ids = [self.image_ids[f] for f in batch["im_file"]]
+        p = self.params
+        self._dets.extend(postprocess(preds, batch, ids, self.category_ids, p.nms_conf, p.nms_iou, p.max_det))
+
+    def on_validation_epoch_end(self) -> None:
+        dets = self._dets
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, dets)
+            # DistributedSampler pads with repeated images: keep one copy of each image's detections.
+            seen: dict[int, list[dict[str, Any]]] = {}
+            for part in gathered:
+                for d in part:
+                    seen.setdefault(d["image_id"], []).append(d)
+            dets = _dedupe(seen)
+        m = evaluate(self.gt, dets)
+        self.last_metrics = m
+        self.log_dict({"val/mAP50-95": m.map, "val/mAP50": m.map50, "val/mAP75": m.map75, "val/AR100": m.ar100},
+                      prog_bar=False, sync_dist=False, rank_zero_only=False)
+        self.log("val/map", m.map, prog_bar=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["retrain"] = dict(self.run_meta)
+
+    def configure_optimizers(self) -> Any:
+        p = self.params
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []
+        norms = tuple(v for k, v in nn.__dict__.items() if "Norm" in k)
+        for module in self.model.modules():
+            for name, param in module.named_parameters(recurse=False):
+                (no_decay if name == "bias" or isinstance(module, norms) else decay).append(param)
+        groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if p.optimizer == "SGD":
+            opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=p.lr, momentum=p.momentum, nesterov=True)
+        else:
+            opt = torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999))
+        total = int(self.trainer.estimated_stepping_batches)
+        warm = min(round(p.warmup_epochs * total / p.epochs), max(total - 1, 0))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(warm, total, p.lrf, p.schedule))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _lr_lambda(warmup: int, total: int, lrf: float, schedule: str) -> Any:
+    """Linear warm-up over ``warmup`` steps, then cosine or linear decay to ``lrf`` at ``total``.
+
+    A plain function (not an object), so the scheduler's state dict holds numbers only.
+    """
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        t = min(1.0, (step - warmup) / max(1, total - warmup))
+        shape = (1 + math.cos(math.pi * t)) / 2 if schedule == "cosine" else 1 - t
+        return lrf + (1 - lrf) * shape
+
+    return factor
+
+
+def _dedupe(by_image: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for dets in by_image.values():
+        unique = {(d["category_id"], tuple(d["bbox"]), d["score"]): d for d in dets}
+        out.extend(unique.values())
+    return out

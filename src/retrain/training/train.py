@@ -1,0 +1,214 @@
+"""``retrain train``: fine-tune a candidate on the whole master (old and new batches together).
+
+The run: resolve the warm start (the registry's champion, else ``base_model``, else scratch); resume from
+``models/checkpoints/last.ckpt`` when it was written for the same data and params (falling back to
+``last.prev.ckpt`` when the newest is damaged, starting fresh, and saying why, when they differ); fit with
+Lightning; score the best checkpoint's EMA and raw weights with pycocotools; export the EMA weights as a
+small, safe model file in ``models/candidate/``; write ``reports/train.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retrain.config import Params, TrainParams
+from retrain.errors import RetrainError
+from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
+from retrain.paths import Paths
+from retrain.training.callbacks import LAST, PREVIOUS
+from retrain.training.data import Master, MasterDataModule, load_master
+from retrain.training.weights import ModelFile, load_model_file, save_model_file, warm_start
+from retrain.workspace import require_workspace
+
+log = logging.getLogger(__name__)
+
+#: Params that change speed, not results: a resume stays valid when only these differ.
+_SPEED_ONLY = {"workers", "threads"}
+
+
+class CheckpointError(RetrainError):
+    """Every checkpoint of the interrupted run is damaged: resuming is impossible, restarting is not silent."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """A finished training.
+
+    Attributes:
+        candidate: The exported model file.
+        report: What ``reports/train.json`` holds.
+    """
+
+    candidate: Path
+    report: dict[str, Any]
+
+
+def fingerprint(data_version: str, params: TrainParams, base: dict[str, Any]) -> dict[str, str]:
+    """What a checkpoint must match to be resumed: data version, params hash, warm-start source."""
+    knobs = {k: v for k, v in params.model_dump(mode="json").items() if k not in _SPEED_ONLY}
+    text = json.dumps({"params": knobs, "base": base}, sort_keys=True)
+    return {"data_version": data_version, "params": hashlib.sha256(text.encode()).hexdigest()[:16],
+            "base": json.dumps(base, sort_keys=True)}
+
+
+def _why_fresh(old: dict[str, Any], new: dict[str, str]) -> str:
+    changed = [k for k in ("data_version", "params", "base") if old.get(k) != new[k]]
+    words = {"data_version": "the data version changed", "params": "the training params changed",
+             "base": "the warm-start model changed"}
+    return "; ".join(words[k] for k in changed) or "the checkpoint has no run fingerprint"
+
+
+def find_resume(ckpt_dir: Path, fp: dict[str, str]) -> tuple[Path | None, dict[str, Any]]:
+    """The checkpoint to resume from, and the run info it recorded (MLflow run id, ...).
+
+    Returns ``(None, {})`` when there is none, or when it belongs to other data or params (the log says why).
+
+    Raises:
+        CheckpointError: Checkpoints exist but none can be read.
+    """
+    found = [p for p in (ckpt_dir / LAST, ckpt_dir / PREVIOUS) if p.is_file()]
+    damaged: list[Path] = []
+    for path in found:
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            log.error("checkpoint %s is damaged (%s: %s)", path, type(e).__name__, str(e).splitlines()[0][:120])
+            damaged.append(path)
+            continue
+        meta = ck.get("retrain", {}) if isinstance(ck, dict) else {}
+        if {k: meta.get(k) for k in fp} != fp:
+            log.warning("not resuming from %s: %s; starting fresh", path, _why_fresh(meta, fp))
+            return None, {}
+        for d in damaged:
+            d.rename(d.with_name(f"{d.name}.damaged-{int(time.time())}"))
+        if damaged:
+            log.warning("falling back to the previous good checkpoint %s", path)
+        log.info("resuming from %s: epoch %d done, global step %d", path, ck["epoch"] + 1, ck["global_step"])
+        return path, dict(meta)
+    if damaged:
+        raise CheckpointError(f"{ckpt_dir}: every checkpoint is damaged ({', '.join(p.name for p in damaged)}); "
+                              f"nothing to resume from. Delete {ckpt_dir} to train from the start")
+    return None, {}
+
+
+def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[str, Any]]:
+    """The warm-start weights: the registry's champion, else ``train.base_model``, else none (scratch)."""
+    from retrain.registry.tracking import champion, tracking_uri
+
+    if params.train.use_champion:
+        ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion")
+        if ch is not None:
+            return load_model_file(ch.weights), {"kind": "champion", "model": params.registry.model_name,
+                                                 "version": ch.version}
+    if params.train.base_model:
+        path = (paths.root / params.train.base_model).resolve()
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+        return load_model_file(path), {"kind": "file", "path": params.train.base_model, "sha256": digest}
+    return None, {"kind": "scratch"}
+
+
+def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``DetectionModel`` part of a LightningModule state dict."""
+    return {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
+
+
+def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | None, fresh: bool) -> list[Any]:
+    from pytorch_lightning.loggers import CSVLogger, MLFlowLogger
+
+    from retrain.registry.tracking import artifact_root, tracking_uri
+
+    if fresh:
+        paths.train_metrics.unlink(missing_ok=True)
+    csv = CSVLogger(save_dir=str(paths.reports), name="train", version="", flush_logs_every_n_steps=1)
+    mlf = MLFlowLogger(experiment_name=params.registry.experiment, tracking_uri=tracking_uri(paths.root),
+                       run_name=f"train data {fp['data_version'][:12]}", run_id=run_id,
+                       artifact_location=artifact_root(paths.root),
+                       tags={"retrain.stage": "train", "retrain.data_version": fp["data_version"],
+                             "retrain.params_hash": fp["params"]})
+    return [mlf, csv]
+
+
+def _score(module: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: TrainParams) -> dict[str, Any]:
+    from retrain.evaluation.coco_eval import evaluate
+    from retrain.evaluation.predict import predict_loader
+
+    module.model.load_state_dict(_model_state(sd))
+    dets = predict_loader(module.model, dm.val_dataloader(), dm.val_image_ids, dm.master.category_ids,
+                          p.nms_conf, p.nms_iou, p.max_det)
+    return evaluate(module.gt, dets).to_json()
+
+
+def _export(paths: Paths, master: Master, p: TrainParams, sd: dict[str, torch.Tensor], yaml: dict[str, Any],
+            meta: dict[str, Any]) -> Path:
+    staging = paths.staging / f"candidate-{time.time_ns()}"
+    save_model_file(staging / "model.pt", ModelFile(_model_state(sd), yaml, master.names, p.imgsz, meta))
+    replace_dir(staging, paths.candidate)
+    return paths.candidate / "model.pt"
+
+
+def train(paths: Paths, params: Params) -> TrainResult | None:
+    """Train a candidate on ``data/master`` and export it to ``models/candidate/model.pt``.
+
+    Args:
+        paths: The workspace.
+        params: All params (``train`` and ``registry`` are used).
+
+    Returns:
+        The result on the main process; ``None`` on the other ranks of a multi-process run.
+
+    Raises:
+        RetrainError: No master, an unsafe or damaged model file, every checkpoint damaged.
+    """
+    from retrain.training.module import DetectorModule, build_model
+    from retrain.training.trainer import build_trainer, cpu_threads, use_channels_last
+
+    require_workspace(paths)
+    p = params.train
+    torch.set_num_threads(cpu_threads(p))  # importing ultralytics set OMP_NUM_THREADS=1
+    master = load_master(paths.master, paths.data)
+    base, base_info = resolve_base(paths, params)
+    fp = fingerprint(master.version, p, base_info)
+    resume, meta = find_resume(paths.checkpoints, fp)
+    if resume is None:
+        shutil.rmtree(paths.checkpoints, ignore_errors=True)  # a fresh run: nothing of an older one may be read
+    model = build_model(p.model, master.names)
+    transfer = warm_start(model, base) if base is not None and resume is None else None
+    dm = MasterDataModule(master, p, paths.cache)
+    dm.setup("fit")
+    module = DetectorModule(model, master, p.model_copy(update={"channels_last": "on" if use_channels_last(p)
+                                                                 else "off"}))
+    module.image_ids = dm.val_image_ids
+    loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), resume is None)
+    module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
+    trainer = build_trainer(p, paths.checkpoints, loggers)
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
+    seconds = time.perf_counter() - t0
+    if not trainer.is_global_zero:
+        return None
+    best = paths.checkpoints / "best.ckpt"
+    ck = torch.load(best if best.is_file() else paths.checkpoints / LAST, map_location="cpu", weights_only=True)
+    ema, raw = _score(module, dm, ck["state_dict"], p), _score(module, dm, ck["current_model_state"], p)
+    report = {"data_version": master.version, "params_hash": fp["params"], "warm_start": base_info,
+              "transferred": None if transfer is None else vars(transfer) | {"kept_classes": list(
+                  transfer.kept_classes), "new_classes": list(transfer.new_classes)},
+              "resumed_from": str(resume.name) if resume else None, "epochs": trainer.current_epoch,
+              "best_epoch": int(ck["epoch"]) + 1, "seconds": round(seconds, 1), "ema": ema, "raw": raw,
+              "mlflow_run_id": loggers[0].run_id, "precision": str(trainer.precision), "classes": list(master.names)}
+    candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report)  # type: ignore[arg-type]
+    write_atomic(paths.train_report, dumps_canonical(report))
+    loggers[0].log_metrics({"final/ema_mAP50-95": ema["mAP50-95"], "final/raw_mAP50-95": raw["mAP50-95"]})
+    for name in (LAST, PREVIOUS):  # finished: nothing left to resume; best.ckpt stays for inspection
+        (paths.checkpoints / name).unlink(missing_ok=True)
+    log.info("candidate %s: EMA mAP50-95 %.4f (raw %.4f), mAP50 %.4f, best epoch %d of %d", candidate,
+             ema["mAP50-95"], raw["mAP50-95"], ema["mAP50"], report["best_epoch"], report["epochs"])
+    return TrainResult(candidate, report)

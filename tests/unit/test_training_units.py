@@ -1,0 +1,120 @@
+"""Training's pure parts and file safety: schedule, run fingerprint, cache choice, model files, warm start."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from retrain.config import TrainParams
+from retrain.training.callbacks import LAST, PREVIOUS
+from retrain.training.data import choose_cache
+from retrain.training.module import _lr_lambda, build_model
+from retrain.training.train import CheckpointError, find_resume, fingerprint
+from retrain.training.weights import ModelFile, ModelFileError, load_model_file, save_model_file, warm_start
+
+
+def test_lr_schedule_warms_up_then_decays_to_lrf():
+    f = _lr_lambda(warmup=10, total=100, lrf=0.01, schedule="cosine")
+    assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0)
+    assert f(10) == pytest.approx(1.0) and f(100) == pytest.approx(0.01)
+    assert all(f(i) >= f(i + 1) for i in range(10, 100))
+    lin = _lr_lambda(warmup=0, total=10, lrf=0.1, schedule="linear")
+    assert lin(5) == pytest.approx(0.55)
+
+
+def test_fingerprint_ignores_speed_knobs_but_not_results():
+    p = TrainParams()
+    base = fingerprint("v1", p, {"kind": "scratch"})
+    assert fingerprint("v1", p.model_copy(update={"workers": 7, "threads": 3}), {"kind": "scratch"}) == base
+    assert fingerprint("v1", p.model_copy(update={"lr": 0.1}), {"kind": "scratch"})["params"] != base["params"]
+    assert fingerprint("v2", p, {"kind": "scratch"})["data_version"] == "v2"
+
+
+def test_cache_choice_uses_available_memory():
+    small = [{"width": 320, "height": 240}] * 10
+    assert choose_cache("auto", small, 320, 2) == "ram"
+    huge = [{"width": 10_000, "height": 10_000}] * 100_000  # 30 TB decoded, even resized to 3200
+    assert choose_cache("auto", huge, 3200, 2) == "disk"
+    assert choose_cache("none", small, 320, 2) == "none"
+
+
+def _ckpt(path: Path, meta: dict, epoch: int) -> None:
+    torch.save({"retrain": meta, "epoch": epoch, "global_step": 10 * (epoch + 1), "state_dict": {}}, path)
+
+
+def test_resume_falls_back_to_the_previous_checkpoint_when_the_last_is_truncated(tmp_path: Path):
+    fp = fingerprint("v1", TrainParams(), {"kind": "scratch"})
+    _ckpt(tmp_path / LAST, fp, 2)
+    _ckpt(tmp_path / PREVIOUS, fp, 1)
+    data = (tmp_path / LAST).read_bytes()
+    (tmp_path / LAST).write_bytes(data[: len(data) // 2])
+    path, meta = find_resume(tmp_path, fp)
+    assert path == tmp_path / PREVIOUS and meta["data_version"] == "v1"
+    assert list(tmp_path.glob("last.ckpt.damaged-*"))  # kept aside for a person to look at
+    # Other params: not resumed.
+    other = fingerprint("v1", TrainParams(lr=0.5), {"kind": "scratch"})
+    assert find_resume(tmp_path, other) == (None, {})
+
+
+def test_resume_refuses_silently_restarting_when_every_checkpoint_is_damaged(tmp_path: Path):
+    (tmp_path / LAST).write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(CheckpointError, match="every checkpoint is damaged"):
+        find_resume(tmp_path, fingerprint("v1", TrainParams(), {"kind": "scratch"}))
+
+
+def test_model_file_round_trip_is_plain_data(tmp_path: Path):
+    model = build_model("yolo11n.yaml", ("a", "b"))
+    f = tmp_path / "model.pt"
+    save_model_file(f, ModelFile(model.state_dict(), dict(model.yaml), ("a", "b"), 64, {"data_version": "x"}))
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(str(f)) == []
+    back = load_model_file(f)
+    assert back.names == ("a", "b") and back.imgsz == 64 and back.meta == {"data_version": "x"}
+    rebuilt = back.build()
+    assert all(torch.equal(v, rebuilt.state_dict()[k]) for k, v in model.state_dict().items())
+
+
+class _Hostile:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['RETRAIN_CANARY']}",))
+
+
+def test_a_hostile_pickle_is_refused_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    canary = tmp_path / "canary"
+    monkeypatch.setenv("RETRAIN_CANARY", str(canary))
+    evil = tmp_path / "evil.pt"
+    torch.save({"model": _Hostile()}, evil)
+    with pytest.raises(ModelFileError, match="refused"):
+        load_model_file(evil)
+    plain = tmp_path / "evil.pkl"
+    plain.write_bytes(pickle.dumps(_Hostile()))
+    with pytest.raises(ModelFileError):
+        load_model_file(plain)
+    assert not canary.exists()
+
+
+def test_an_ultralytics_checkpoint_loads_with_its_classes_only(tmp_path: Path):
+    model = build_model("yolo11n.yaml", ("cat", "dog"))
+    f = tmp_path / "ultra.pt"
+    torch.save({"model": model, "train_args": {"imgsz": 96}, "epoch": 3}, f)  # the layout ultralytics saves
+    back = load_model_file(f)
+    assert back.names == ("cat", "dog") and back.imgsz == 96 and back.meta["source"] == "ultralytics"
+    assert all(torch.equal(v, back.state_dict[k]) for k, v in model.state_dict().items())
+
+
+def test_warm_start_onto_more_classes_transfers_matching_weights_and_old_class_rows():
+    old = build_model("yolo11n.yaml", ("circle", "square", "triangle"))
+    new = build_model("yolo11n.yaml", ("circle", "square", "triangle", "star"))
+    fresh = {k: v.clone() for k, v in new.state_dict().items()}
+    src = ModelFile(old.state_dict(), dict(old.yaml), ("circle", "square", "triangle"), 64, {})
+    t = warm_start(new, src)
+    sd, osd = new.state_dict(), old.state_dict()
+    mismatched = [k for k in sd if osd[k].shape != sd[k].shape]
+    assert mismatched and all(".cv3." in k for k in mismatched)  # only the class-logit convs differ
+    assert t.transferred == len(sd) - len(mismatched) and t.total == len(sd)
+    assert t.kept_classes == ("circle", "square", "triangle") and t.new_classes == ("star",)
+    for k in mismatched:  # old classes' rows copied by name; the new class's row keeps its fresh init
+        assert torch.equal(sd[k][:3], osd[k][:3]) and torch.equal(sd[k][3], fresh[k][3])
