@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,8 +66,9 @@ def champion(uri: str, model_name: str, dest: Path) -> Champion | None:
         if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
             return None
         raise RetrainError(f"model registry {uri}: cannot read {model_name}@{CHAMPION} ({e.message})") from e
-    dest.mkdir(parents=True, exist_ok=True)
-    where = Path(tempfile.mkdtemp(prefix="champion-", dir=dest))
+    shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
+    where = dest / f"v{mv.version}"
+    where.mkdir(parents=True)
     local = Path(download_artifacts(artifact_uri=f"models:/{model_name}/{mv.version}", dst_path=str(where),
                                     tracking_uri=uri))
     found = sorted(local.rglob(WEIGHTS_NAME))

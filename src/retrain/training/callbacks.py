@@ -2,9 +2,8 @@
 
 - ``WarmupEMA``: Lightning's ``EMAWeightAveraging`` with ultralytics' decay warm-up, so early updates are not
   dominated by the initial weights.  Validation and checkpoints use the EMA weights; its state survives resume.
-- ``EpochSeed``: reseeds every RNG from (seed, epoch) before each epoch's loader starts, so a run resumed at
-  epoch N draws the same shuffles and augmentations as one that never stopped.
-- ``CloseMosaic``: mosaic off for the last ``close_mosaic`` epochs, as ultralytics' trainer does.
+- Seeding per epoch and close-mosaic are not callbacks: Lightning skips ``on_train_epoch_start`` in the first
+  epoch after a resume, so they live in the train sampler's ``set_epoch`` (``data.EpochSampler``).
 - ``FaultPoints``: named points for the fault tests (``RETRAIN_FAULT=train.epoch<N>``, in that epoch's 2nd batch).
 - ``AtomicCheckpointIO``: checkpoints written to a temp file, fsynced and renamed; the previous ``last.ckpt``
   is kept as ``last.prev.ckpt`` (the fallback when the newest is damaged); loads are ``weights_only=True``.
@@ -41,30 +40,6 @@ class WarmupEMA(EMAWeightAveraging):
             return averaged * d + current * (1 - d)
 
         self._kwargs["avg_fn"] = ema  # replaces the constant-decay function EMAWeightAveraging set
-
-
-class EpochSeed(Callback):
-    """Seed torch, numpy and random from ``(seed, epoch)`` at each epoch start."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        pl.seed_everything(self.seed * 1000 + trainer.current_epoch, workers=True, verbose=False)
-
-
-class CloseMosaic(Callback):
-    """Call the datamodule's ``close_mosaic()`` when the last ``epochs`` epochs begin (also after a resume)."""
-
-    def __init__(self, epochs: int) -> None:
-        self.epochs = epochs
-
-    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.epochs and trainer.current_epoch >= (trainer.max_epochs or 0) - self.epochs:
-            dm = trainer.datamodule  # type: ignore[attr-defined]
-            if dm is not None and not getattr(dm, "mosaic_closed", False):
-                dm.close_mosaic()
-                dm.mosaic_closed = True
 
 
 class FaultPoints(Callback):

@@ -18,7 +18,8 @@ import numpy as np
 import orjson
 import psutil
 import pytorch_lightning as pl
-from torch.utils.data import DataLoader
+import torch
+from torch.utils.data import DataLoader, Sampler
 from ultralytics.cfg import get_cfg
 from ultralytics.data.dataset import YOLODataset
 
@@ -148,6 +149,40 @@ def hyperparameters(params: TrainParams) -> Any:
                               "batch": params.batch, "workers": params.workers, "plots": False})
 
 
+class EpochSampler(Sampler[int]):
+    """Indices for one process, shuffled from ``(seed, epoch)``; ``set_epoch`` starts the epoch.
+
+    Lightning calls ``set_epoch`` on the train sampler before every epoch, including the first one after a resume
+    (where it skips ``on_train_epoch_start``), so the per-epoch start lives here: reseeding every RNG (ultralytics'
+    augmentations draw from ``random`` and ``numpy``; workers are seeded from the loader's base seed), clearing the
+    mosaic buffer and closing mosaic.  A run resumed at epoch N then draws exactly what an unbroken run draws.
+    Under DDP each rank takes every ``world``-th index of the same permutation, padded to equal length.
+    """
+
+    def __init__(self, n: int, seed: int, shuffle: bool, on_epoch: Any = None, rank: int = 0, world: int = 1) -> None:
+        self.n, self.seed, self.shuffle, self.on_epoch = n, seed, shuffle, on_epoch
+        self.rank, self.world, self.epoch = rank, world, 0
+        self.per_rank = -(-n // world)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        pl.seed_everything(self.seed * 1000 + epoch, workers=True, verbose=False)
+        if self.on_epoch is not None:
+            self.on_epoch(epoch)
+
+    def __iter__(self) -> Any:
+        if self.shuffle:
+            g = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        order += order[: self.per_rank * self.world - self.n]  # pad, as DistributedSampler does
+        return iter(order[self.rank::self.world])
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+
 class MasterDataModule(pl.LightningDataModule):
     """Train and val loaders over the whole master (every batch, old and new)."""
 
@@ -158,6 +193,7 @@ class MasterDataModule(pl.LightningDataModule):
         self.train_set: MasterDataset | None = None
         self.val_set: MasterDataset | None = None
         self.val_image_ids: dict[str, int] = {}
+        self.mosaic_closed = False
 
     def _dataset(self, split: str, augment: bool, cache: str) -> MasterDataset:
         images = self.master.images(split)
@@ -176,10 +212,14 @@ class MasterDataModule(pl.LightningDataModule):
         self.val_image_ids = {lb["im_file"]: im["id"] for lb, im in
                               zip(self.val_set.labels, self.master.images("val"), strict=True)}
 
-    def _loader(self, ds: MasterDataset | None, shuffle: bool) -> DataLoader[Any]:
+    def _loader(self, ds: MasterDataset | None, train: bool, shard: bool = True) -> DataLoader[Any]:
         assert ds is not None, "setup() first"
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None and shard else (0, 1)
+        sampler = EpochSampler(len(ds), self.params.seed, shuffle=train,
+                               on_epoch=self.start_epoch if train else None, rank=rank, world=world)
         # persistent_workers off: close_mosaic changes the dataset, and each epoch's workers must see it.
-        return DataLoader(ds, batch_size=self.params.batch, shuffle=shuffle, num_workers=self.params.workers,
+        return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=self.params.workers,
                           collate_fn=YOLODataset.collate_fn, pin_memory=False, drop_last=False)
 
     def train_dataloader(self) -> DataLoader[Any]:
@@ -187,6 +227,29 @@ class MasterDataModule(pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader[Any]:
         return self._loader(self.val_set, False)
+
+    def eval_dataloader(self) -> DataLoader[Any]:
+        """Every val image in one process (scoring after the fit), whatever the world size."""
+        return self._loader(self.val_set, False, shard=False)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Forget the previous epoch's mosaic buffer; close mosaic for the last ``close_mosaic`` epochs.
+
+        Mosaic draws its partner images from a buffer of recently loaded ones: kept across epochs, an epoch's
+        mosaics would depend on the previous epoch, and a resumed run (empty buffer) would draw others.
+        """
+        ds = self.train_set
+        if ds is None:
+            return
+        for j in ds.buffer:
+            if ds.cache != "ram":
+                ds.ims[j] = None
+        ds.buffer.clear()
+        close = self.params.augment.close_mosaic
+        if close and epoch >= self.params.epochs - close and not self.mosaic_closed:
+            log.info("epoch %d: mosaic off for the last %d epochs", epoch + 1, close)
+            self.close_mosaic()
+            self.mosaic_closed = True
 
     def close_mosaic(self) -> None:
         """Turn mosaic (and mixup) off for the last epochs, as ultralytics' trainer does."""

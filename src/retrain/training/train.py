@@ -9,9 +9,11 @@ small, safe model file in ``models/candidate/``; write ``reports/train.json``.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -88,12 +90,12 @@ def find_resume(ckpt_dir: Path, fp: dict[str, str]) -> tuple[Path | None, dict[s
         if {k: meta.get(k) for k in fp} != fp:
             log.warning("not resuming from %s: %s; starting fresh", path, _why_fresh(meta, fp))
             return None, {}
-        for d in damaged:
+        for d in damaged if _is_main_process() else ():
             d.rename(d.with_name(f"{d.name}.damaged-{int(time.time())}"))
         if damaged:
             log.warning("falling back to the previous good checkpoint %s", path)
         log.info("resuming from %s: epoch %d done, global step %d", path, ck["epoch"] + 1, ck["global_step"])
-        return path, dict(meta)
+        return path, {**meta, "global_step": int(ck["global_step"])}
     if damaged:
         raise CheckpointError(f"{ckpt_dir}: every checkpoint is damaged ({', '.join(p.name for p in damaged)}); "
                               f"nothing to resume from. Delete {ckpt_dir} to train from the start")
@@ -107,12 +109,18 @@ def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[s
     if params.train.use_champion:
         ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion")
         if ch is not None:
+            log.info("warm start from the champion: models:/%s@champion (version %s)", params.registry.model_name,
+                     ch.version)
             return load_model_file(ch.weights), {"kind": "champion", "model": params.registry.model_name,
                                                  "version": ch.version}
     if params.train.base_model:
         path = (paths.root / params.train.base_model).resolve()
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+        log.info("warm start from %s (no champion%s)", params.train.base_model,
+                 "" if params.train.use_champion else ": use_champion is off")
         return load_model_file(path), {"kind": "file", "path": params.train.base_model, "sha256": digest}
+    log.info("training from scratch: no champion%s and no base_model", "" if params.train.use_champion else
+             " (use_champion is off)")
     return None, {"kind": "scratch"}
 
 
@@ -121,20 +129,39 @@ def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
 
 
-def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | None, fresh: bool) -> list[Any]:
+def _is_main_process() -> bool:
+    """False in the processes Lightning's DDP launcher starts for ranks > 0 (they rerun this command)."""
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
+
+
+def _metrics_until(path: Path, step: int) -> list[dict[str, float]]:
+    """The rows of the per-epoch CSV logged before ``step`` (the resumed checkpoint's), as CSVLogger queues them."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as f:
+        rows = [{k: int(float(v)) if k in ("epoch", "step") else float(v) for k, v in row.items() if v}
+                for row in csv.DictReader(f)]
+    # Lightning logs an epoch's end-of-epoch rows at (global step - 1); rows at the checkpoint's global step were
+    # logged when the next, interrupted, epoch began, and the resumed run logs them again.
+    return [r for r in rows if r.get("step", step) < step]
+
+
+def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | None, resumed_step: int | None
+             ) -> list[Any]:
     from pytorch_lightning.loggers import CSVLogger, MLFlowLogger
 
     from retrain.registry.tracking import artifact_root, tracking_uri
 
-    if fresh:
-        paths.train_metrics.unlink(missing_ok=True)
-    csv = CSVLogger(save_dir=str(paths.reports), name="train", version="", flush_logs_every_n_steps=1)
+    kept = [] if resumed_step is None else _metrics_until(paths.train_metrics, resumed_step)
+    table = CSVLogger(save_dir=str(paths.reports), name="train", version="", flush_logs_every_n_steps=1)
+    if kept and _is_main_process():  # Lightning empties the file on start; a resumed run keeps its epochs
+        table.experiment.metrics[:0] = kept
     mlf = MLFlowLogger(experiment_name=params.registry.experiment, tracking_uri=tracking_uri(paths.root),
                        run_name=f"train data {fp['data_version'][:12]}", run_id=run_id,
                        artifact_location=artifact_root(paths.root),
                        tags={"retrain.stage": "train", "retrain.data_version": fp["data_version"],
                              "retrain.params_hash": fp["params"]})
-    return [mlf, csv]
+    return [mlf, table]
 
 
 def _score(module: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: TrainParams) -> dict[str, Any]:
@@ -142,7 +169,7 @@ def _score(module: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: Tr
     from retrain.evaluation.predict import predict_loader
 
     module.model.load_state_dict(_model_state(sd))
-    dets = predict_loader(module.model, dm.val_dataloader(), dm.val_image_ids, dm.master.category_ids,
+    dets = predict_loader(module.model, dm.eval_dataloader(), dm.val_image_ids, dm.master.category_ids,
                           p.nms_conf, p.nms_iou, p.max_det)
     return evaluate(module.gt, dets).to_json()
 
@@ -178,8 +205,11 @@ def train(paths: Paths, params: Params) -> TrainResult | None:
     base, base_info = resolve_base(paths, params)
     fp = fingerprint(master.version, p, base_info)
     resume, meta = find_resume(paths.checkpoints, fp)
-    if resume is None:
+    if resume is None and _is_main_process():
         shutil.rmtree(paths.checkpoints, ignore_errors=True)  # a fresh run: nothing of an older one may be read
+    import pytorch_lightning as pl
+
+    pl.seed_everything(p.seed, workers=True, verbose=False)  # the initial weights and fresh head rows too
     model = build_model(p.model, master.names)
     transfer = warm_start(model, base) if base is not None and resume is None else None
     dm = MasterDataModule(master, p, paths.cache)
@@ -187,7 +217,7 @@ def train(paths: Paths, params: Params) -> TrainResult | None:
     module = DetectorModule(model, master, p.model_copy(update={"channels_last": "on" if use_channels_last(p)
                                                                  else "off"}))
     module.image_ids = dm.val_image_ids
-    loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), resume is None)
+    loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
     trainer = build_trainer(p, paths.checkpoints, loggers)
     t0 = time.perf_counter()

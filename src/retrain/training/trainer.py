@@ -12,7 +12,7 @@ import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
 from retrain.config import TrainParams
-from retrain.training.callbacks import AtomicCheckpointIO, CloseMosaic, EpochSeed, FaultPoints, WarmupEMA
+from retrain.training.callbacks import LAST, AtomicCheckpointIO, FaultPoints, WarmupEMA
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def use_channels_last(params: TrainParams) -> bool:
 
 def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any], extra: list[Any] | None = None
                   ) -> pl.Trainer:
-    """The Trainer: EMA, last and best checkpoints, early stopping, LR monitor, seeding, close-mosaic.
+    """The Trainer: EMA, last and best checkpoints, early stopping, LR monitor, fault points.
 
     Args:
         params: The ``train`` section.
@@ -52,15 +52,17 @@ def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any],
     Returns:
         The configured Trainer.
     """
-    last = ModelCheckpoint(dirpath=checkpoint_dir, save_last=True, save_top_k=0, every_n_epochs=1,
-                           save_on_train_epoch_end=True, enable_version_counter=False)
+    # "last" as a top-1 checkpoint without a monitor: Lightning writes ``save_last`` only in epochs where a
+    # top-k checkpoint was saved too, which with save_top_k=0 is never.
+    last = ModelCheckpoint(dirpath=checkpoint_dir, filename=Path(LAST).stem, monitor=None, save_top_k=1,
+                           every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False)
     best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=MONITOR, mode="max", save_top_k=1,
                            auto_insert_metric_name=False, enable_version_counter=False,
                            save_on_train_epoch_end=False)  # after each validation, which may skip epochs
     callbacks: list[Any] = [
         WarmupEMA(params.ema_decay, params.ema_tau), last, best,
         EarlyStopping(monitor=MONITOR, mode="max", patience=params.patience, check_on_train_epoch_end=False),
-        EpochSeed(params.seed), CloseMosaic(params.augment.close_mosaic), FaultPoints(),
+        FaultPoints(),
         *(extra or []),
     ]
     if loggers:
@@ -72,5 +74,6 @@ def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any],
         accumulate_grad_batches=params.accumulate, gradient_clip_val=params.grad_clip or None,
         callbacks=callbacks, logger=loggers or False, plugins=[AtomicCheckpointIO()],
         default_root_dir=str(checkpoint_dir), log_every_n_steps=1, num_sanity_val_steps=0,
+        use_distributed_sampler=False,  # MasterDataModule shards by rank itself (EpochSampler)
         deterministic=False, benchmark=False, enable_model_summary=False,
     )

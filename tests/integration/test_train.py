@@ -1,0 +1,236 @@
+"""`retrain train` for real: Lightning + ultralytics on tiny generated data, DVC stage, MLflow, resume, DDP.
+
+Every run is a real ``retrain train`` process (so SIGKILL is a real kill) on a real git + DVC workspace with
+the sample batches merged; MLflow is the workspace's own sqlite store.  Models are yolo11n at imgsz 96.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from retrain.paths import Paths
+from retrain.training.callbacks import LAST, PREVIOUS
+from retrain.training.weights import load_model_file
+from tests.helpers import load_json, run_cli, run_dvc, tree_hash
+
+TINY: dict[str, Any] = {"imgsz": 96, "epochs": 3, "batch": 4, "workers": 0, "cache": "none", "use_champion": False,
+                        "seed": 0, "augment": {"close_mosaic": 1}}
+
+
+def set_train_params(root: Path, **train: Any) -> None:
+    """Edit ``params.yaml``'s ``train`` section (merging ``augment``)."""
+    path = root / "params.yaml"
+    doc = yaml.safe_load(path.read_text())
+    section = doc.get("train") or {}
+    augment = {**(section.get("augment") or {}), **train.pop("augment", {})}
+    doc["train"] = {**section, **train, "augment": augment}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def merged(tmp_path_factory: pytest.TempPathFactory, sample_root: Path) -> Path:
+    """A workspace with batch-1 and batch-2 ingested and merged (copy it before use)."""
+    from retrain.workspace import init_workspace
+
+    base = tmp_path_factory.mktemp("merged")
+    paths = init_workspace(base / "ws", remote=str(base / "remote"))
+    for b in ("batch-1", "batch-2"):
+        run_cli("ingest", sample_root / b, cwd=paths.root, check=True)
+    run_cli("merge", cwd=paths.root, check=True)
+    set_train_params(paths.root, **TINY)
+    return paths.root
+
+
+def _copy(src: Path, dst: Path) -> Paths:
+    shutil.copytree(src, dst, symlinks=True)
+    return Paths(dst)
+
+
+def _train(root: Path, env: dict[str, str] | None = None):
+    return run_cli("train", cwd=root, env=env)
+
+
+def _report(paths: Paths) -> dict[str, Any]:
+    return load_json(paths.train_report)
+
+
+def _weights(paths: Paths) -> dict[str, torch.Tensor]:
+    return load_model_file(paths.candidate / "model.pt").state_dict
+
+
+def test_dvc_repro_trains_a_candidate_with_report_plots_and_one_mlflow_run(merged: Path, tmp_path: Path):
+    paths = _copy(merged, tmp_path / "ws")
+    run_dvc("repro", "validate", cwd=paths.root)
+    data_before = tree_hash(paths.data)
+    out = run_dvc("repro", "train", cwd=paths.root)
+    assert "Running stage 'train'" in out
+    report = _report(paths)
+    assert report["epochs"] == 3 and report["warm_start"] == {"kind": "scratch"} and report["resumed_from"] is None
+    assert report["ema"]["mAP50-95"] >= 0 and set(report["ema"]["per_class"]) == {
+        "circle", "square", "triangle", "star"}
+    model = load_model_file(paths.candidate / "model.pt")  # small and safe: weights_only loads it
+    assert model.names == ("circle", "square", "triangle", "star") and model.imgsz == 96
+    assert model.meta["data_version"] == report["data_version"]
+    assert (paths.candidate / "model.pt").stat().st_size < 15e6
+    rows = list(csv.DictReader(paths.train_metrics.open()))
+    epochs = [r for r in rows if r.get("val/mAP50-95")]
+    assert [int(r["epoch"]) for r in epochs] == [0, 1, 2]
+    # Ultralytics wrote nothing next to the data (no label caches, no repaired JPEGs): data/ is byte for byte the same.
+    assert tree_hash(paths.data) == data_before
+    assert not list(paths.data.rglob("*.cache")) and not list(paths.data.rglob("*.npy"))
+    # One MLflow run for the training, tagged with the data version; nothing else wrote runs.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{paths.root / 'mlflow.db'}")
+    exps = [e for e in client.search_experiments() if e.name != "Default"]
+    assert [e.name for e in exps] == ["retrain"]
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1 and runs[0].info.run_id == report["mlflow_run_id"]
+    assert runs[0].data.tags["retrain.data_version"] == report["data_version"]
+    assert "val/mAP50-95" in runs[0].data.metrics and "final/ema_mAP50-95" in runs[0].data.metrics
+    assert "up to date" in run_dvc("status", cwd=paths.root).lower()
+    # The per-epoch CSV is a DVC plot.
+    assert "val/mAP50-95" in run_dvc("plots", "show", "--json", cwd=paths.root)
+
+
+def test_sigkill_in_epoch_2_resumes_with_optimizer_and_ema_and_matches_an_uninterrupted_run(
+        merged: Path, tmp_path: Path):
+    straight = _copy(merged, tmp_path / "straight")
+    assert _train(straight.root).returncode == 0
+    killed = _copy(merged, tmp_path / "killed")
+    proc = _train(killed.root, env={"RETRAIN_FAULT": "train.epoch1"})  # 0-based: the second epoch
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    ck = torch.load(killed.checkpoints / LAST, map_location="cpu", weights_only=True)
+    assert ck["epoch"] == 0 and ck["optimizer_states"] and ck["lr_schedulers"]
+    assert "current_model_state" in ck  # EMAWeightAveraging: state_dict holds the EMA, this the raw weights
+    assert not killed.train_report.exists() and not (killed.candidate / "model.pt").exists()
+    proc = _train(killed.root)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from" in proc.stderr and "epoch 1 done" in proc.stderr
+    a, b = _report(straight), _report(killed)
+    assert b["resumed_from"] == LAST and b["mlflow_run_id"] == load_json(
+        killed.train_report)["mlflow_run_id"] and b["epochs"] == a["epochs"] == 3
+    assert abs(a["ema"]["mAP50-95"] - b["ema"]["mAP50-95"]) <= 0.02
+    assert abs(a["ema"]["mAP50"] - b["ema"]["mAP50"]) <= 0.02
+    # The CSV of the resumed run has every epoch once (the killed run's epoch 0, then the resumed ones), and every
+    # epoch's training loss is the unbroken run's: same batches, same augmentations, same optimizer state.
+    def losses(paths: Paths) -> list[tuple[int, float]]:
+        rows = [r for r in csv.DictReader(paths.train_metrics.open()) if r.get("train/loss")]
+        return [(int(r["epoch"]), float(r["train/loss"])) for r in rows]
+
+    ours, theirs = losses(killed), losses(straight)
+    assert [e for e, _ in ours] == [e for e, _ in theirs] == [0, 1, 2]
+    assert all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for (_, x), (_, y) in zip(ours, theirs, strict=True)), (
+        ours, theirs)
+    wa, wb = _weights(straight), _weights(killed)
+    diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa if wa[k].is_floating_point())
+    assert diff < 1e-2, diff  # same seed, same draws after the resume: the same weights up to float noise
+    # The resumed run continued the killed run's MLflow run: still one run.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{killed.root / 'mlflow.db'}")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1
+
+
+def test_a_truncated_checkpoint_falls_back_to_the_previous_one_and_all_damaged_is_a_clear_error(
+        merged: Path, tmp_path: Path):
+    paths = _copy(merged, tmp_path / "ws")
+    set_train_params(paths.root, epochs=4)
+    assert _train(paths.root, env={"RETRAIN_FAULT": "train.epoch2"}).returncode == -signal.SIGKILL
+    last, prev = paths.checkpoints / LAST, paths.checkpoints / PREVIOUS
+    assert torch.load(last, weights_only=True)["epoch"] == 1 and torch.load(prev, weights_only=True)["epoch"] == 0
+    saved = {p.name: p.read_bytes() for p in (last, prev)}
+    last.write_bytes(saved[LAST][: len(saved[LAST]) // 2])
+    proc = _train(paths.root)
+    assert proc.returncode == 0, proc.stderr
+    assert "is damaged" in proc.stderr and "falling back to the previous good checkpoint" in proc.stderr
+    assert "epoch 1 done" in proc.stderr and _report(paths)["resumed_from"] == PREVIOUS
+    # Every checkpoint damaged: exit 1 with one line, and no silent restart (nothing deleted, nothing trained).
+    for name, data in saved.items():
+        (paths.checkpoints / name).write_bytes(data[: len(data) // 2])
+    before = _report(paths)
+    proc = _train(paths.root)
+    assert proc.returncode == 1
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "every checkpoint is damaged" in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert last.exists() and prev.exists() and _report(paths) == before
+
+
+def test_changed_params_start_fresh_and_say_why(merged: Path, tmp_path: Path):
+    paths = _copy(merged, tmp_path / "ws")
+    assert _train(paths.root, env={"RETRAIN_FAULT": "train.epoch1"}).returncode == -signal.SIGKILL
+    set_train_params(paths.root, lr=0.001)
+    proc = _train(paths.root)
+    assert proc.returncode == 0, proc.stderr
+    assert "the training params changed; starting fresh" in proc.stderr
+    assert "train: resuming from" not in proc.stderr
+    assert _report(paths)["resumed_from"] is None
+
+
+def test_ddp_with_two_cpu_processes_runs_an_epoch_and_saves_a_checkpoint(merged: Path, tmp_path: Path):
+    paths = _copy(merged, tmp_path / "ws")
+    set_train_params(paths.root, epochs=1, accelerator="cpu", devices=2, strategy="ddp", threads=1)
+    proc = _train(paths.root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world_size: 2" in proc.stderr or "GLOBAL_RANK: 1" in proc.stderr, proc.stderr
+    assert (paths.checkpoints / "best.ckpt").is_file()
+    ck = torch.load(paths.checkpoints / "best.ckpt", weights_only=True)
+    assert ck["epoch"] == 0 and ck["global_step"] > 0
+    report = _report(paths)
+    assert report["epochs"] == 1 and (paths.candidate / "model.pt").is_file()
+    # Rank 1 wrote no report, no candidate and no second MLflow run.
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{paths.root / 'mlflow.db'}")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == 1
+
+
+def _register_champion(root: Path, model_file: Path, name: str = "retrain-detector") -> str:
+    """Put ``model_file`` in the workspace's MLflow registry as ``name@champion`` (what promote will do)."""
+    import mlflow
+
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment("seed-champion", artifact_location=(root / "mlartifacts").as_uri())
+    run = client.create_run(exp)
+    client.log_artifact(run.info.run_id, str(model_file), artifact_path="model")
+    client.set_terminated(run.info.run_id)
+    client.create_registered_model(name)
+    mv = client.create_model_version(name, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
+    client.set_registered_model_alias(name, "champion", mv.version)
+    return str(mv.version)
+
+
+def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: Path, tmp_path: Path,
+                                                                       sample_root: Path):
+    """A 3-class champion (trained here on batch-1) warm-starts a 4-class run: weights moved, log says so."""
+    from retrain.workspace import init_workspace
+
+    old = init_workspace(tmp_path / "old", remote=str(tmp_path / "remote-old"))
+    run_cli("ingest", sample_root / "batch-1", cwd=old.root, check=True)
+    run_cli("merge", cwd=old.root, check=True)
+    set_train_params(old.root, **{**TINY, "epochs": 1})
+    assert _train(old.root).returncode == 0
+    assert load_model_file(old.candidate / "model.pt").names == ("circle", "square", "triangle")
+    paths = _copy(merged, tmp_path / "ws")
+    version = _register_champion(paths.root, old.candidate / "model.pt")
+    set_train_params(paths.root, epochs=1, use_champion=True)
+    proc = _train(paths.root)
+    assert proc.returncode == 0, proc.stderr
+    report = _report(paths)
+    assert report["warm_start"] == {"kind": "champion", "model": "retrain-detector", "version": version}
+    t = report["transferred"]
+    assert t["kept_classes"] == ["circle", "square", "triangle"] and t["new_classes"] == ["star"]
+    assert t["transferred"] > 0.9 * t["total"]
+    assert "warm start from" in proc.stderr and "new classes start fresh: star" in proc.stderr, proc.stderr
+    assert report["epochs"] == 1 and report["resumed_from"] is None  # a warm start is not a resume
+
