@@ -13,13 +13,13 @@ from retrain.paths import Paths
 from tests.helpers import load_json, run_cli, run_dvc, shared_data
 
 
-def _repro(ws: Path):
+def _repro(ws: Path, *targets: str):
     import subprocess
     import sys
 
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    return subprocess.run([sys.executable, "-m", "dvc", "repro", "validate"], cwd=ws, capture_output=True, text=True,
-                          env=env)
+    return subprocess.run([sys.executable, "-m", "dvc", "repro", *(targets or ("validate",))], cwd=ws,
+                          capture_output=True, text=True, env=env)
 
 
 def test_sample_data_passes_with_report_docs_and_drift(workspace: Paths, sample_root: Path):
@@ -46,7 +46,7 @@ def test_sample_data_passes_with_report_docs_and_drift(workspace: Paths, sample_
     # Image checks are cached by content: every master image is in the cache after one run.
     cache = json.loads((ws / ".cache" / "image-checks.json").read_text())
     assert len(cache) == 24
-    assert "up to date" in run_dvc("status", cwd=ws).lower()
+    assert "up to date" in run_dvc("status", "validate", cwd=ws).lower()
 
 
 def test_bad_master_stops_dvc_repro_before_training(workspace: Paths, sample_root: Path):
@@ -64,9 +64,11 @@ def test_bad_master_stops_dvc_repro_before_training(workspace: Paths, sample_roo
     victim = batch / "images" / doc["images"][1]["file_name"]
     victim.chmod(0o644)
     victim.write_bytes(victim.read_bytes()[:300])
-    proc = _repro(ws)
+    proc = _repro(ws, "train")  # asks for a model: the run must stop at validate, before train
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr
+    assert "Running stage 'validate'" in out and "Running stage 'train'" not in out, out
+    assert not workspace.candidate.exists() and not workspace.train_report.exists()
     assert f"batches/batch-1/images/{im['file_name']}: [box-inside-image]" in out
     assert f"batches/batch-1/images/{victim.name}: [image-decodes]" in out
     report = load_json(workspace.validation_report)

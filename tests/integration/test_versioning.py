@@ -72,7 +72,8 @@ def test_push_to_the_local_remote_and_pull_into_a_clone(workspace: Paths, sample
     run_dvc("push", cwd=ws)
     clone = tmp_path / "clone"
     git("clone", "-q", str(ws), str(clone), cwd=tmp_path)
-    run_dvc("pull", cwd=clone)
+    # Only the stages run so far have outputs to pull: `dvc pull` of the whole pipeline would fail on train's.
+    run_dvc("pull", "validate", "--with-deps", cwd=clone)
     assert tree_hash(clone / "data" / "master") == tree_hash(workspace.master)
     assert tree_hash(clone / "data" / "batches") == tree_hash(workspace.batches)
     assert "up to date" in run_dvc("status", "validate", cwd=clone).lower()

@@ -104,6 +104,14 @@ class MasterDataset(YOLODataset):
         super().__init__(img_path=[lb["im_file"] for lb in labels], **kwargs)
         self.npy_files = self._npy  # never next to the data, in any cache mode
 
+    def load_image(self, i: int, *args: Any, **kwargs: Any) -> Any:
+        """ultralytics' loader, with an unreadable image as one clear line (validation should have caught it)."""
+        try:
+            return super().load_image(i, *args, **kwargs)
+        except FileNotFoundError as e:
+            raise RetrainError(f"master: {self.im_files[i]}: [image-decodes] cannot be read for training; "
+                               "run 'retrain validate' (dvc repro runs it before train)") from e
+
     def get_img_files(self, img_path: str | list[str]) -> list[str]:
         return list(img_path)
 

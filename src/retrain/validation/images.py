@@ -14,6 +14,7 @@ import io
 import json
 import os
 import stat
+import sys
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +27,21 @@ from retrain.fsutil import write_atomic
 
 #: Formats PIL may decode for us; anything else named .jpg is refused.
 ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "BMP", "WEBP", "TIFF", "MPO"})
+
+
+
+def _pil_open(fp: io.BytesIO) -> Image.Image:
+    """PIL's own ``Image.open``, also when ultralytics has been imported in this process.
+
+    Importing ultralytics replaces ``PIL.Image.open`` with a wrapper that, on an unidentified file, installs and
+    registers the HEIF plugin (``check_requirements('pi-heif')``: a pip install at run time, or a
+    ``ModuleNotFoundError`` offline).  A validator must never install anything, and HEIF is not an accepted
+    format, so the check calls the original function that the wrapper keeps.
+    """
+    patches = sys.modules.get("ultralytics.utils.patches")
+    opener = getattr(patches, "_image_open", None) if patches is not None else None
+    return (opener or Image.open)(fp)
+
 
 # EXIF orientations 5..8 rotate by 90 degrees: the displayed size is the stored size transposed.
 _TRANSPOSING = frozenset({5, 6, 7, 8})
@@ -113,7 +129,7 @@ def inspect_image(path: Path, max_pixels: int | None = None) -> ImageInfo:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            with Image.open(io.BytesIO(data)) as im:
+            with _pil_open(io.BytesIO(data)) as im:
                 fmt = im.format or "?"
                 if fmt not in ALLOWED_FORMATS:
                     raise BadImage(f"format {fmt} is not an accepted image format")
