@@ -234,3 +234,35 @@ def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: P
     assert "warm start from" in proc.stderr and "new classes start fresh: star" in proc.stderr, proc.stderr
     assert report["epochs"] == 1 and report["resumed_from"] is None  # a warm start is not a resume
 
+
+
+@pytest.mark.slow
+def test_a_warm_started_model_beats_scratch_on_the_old_classes_after_one_epoch(tmp_path: Path):
+    """3-class champion (50 epochs on batch-1) → 1 epoch on batch-1 + batch-2 (4 classes), against 1 from scratch."""
+    from retrain.data.sample import BASE_CLASSES, generate
+    from retrain.workspace import init_workspace
+
+    samples = tmp_path / "samples"
+    generate(samples, batches=2, images_per_batch=60, seed=0)
+    size = {"imgsz": 192, "batch": 8, "workers": 0, "cache": "ram", "use_champion": False, "seed": 0}
+    old = init_workspace(tmp_path / "old", remote=str(tmp_path / "remote-old"))
+    run_cli("ingest", samples / "batch-1", cwd=old.root, check=True)
+    run_cli("merge", cwd=old.root, check=True)
+    set_train_params(old.root, **size, epochs=50)
+    assert _train(old.root).returncode == 0
+    assert _report(old)["ema"]["mAP50"] > 0.3, _report(old)["ema"]
+    scores = {}
+    for kind in ("warm", "scratch"):
+        ws = init_workspace(tmp_path / kind, remote=str(tmp_path / f"remote-{kind}"))
+        for b in ("batch-1", "batch-2"):
+            run_cli("ingest", samples / b, cwd=ws.root, check=True)
+        run_cli("merge", cwd=ws.root, check=True)
+        set_train_params(ws.root, **size, epochs=1, use_champion=kind == "warm", augment={"close_mosaic": 0})
+        if kind == "warm":
+            _register_champion(ws.root, old.candidate / "model.pt")
+        assert _train(ws.root).returncode == 0
+        report = _report(ws)
+        assert report["warm_start"]["kind"] == ("champion" if kind == "warm" else "scratch")
+        scores[kind] = sum(report["ema"]["per_class"][c] for c in BASE_CLASSES) / len(BASE_CLASSES)
+    print("old-class AP50-95 after one epoch:", scores, "champion:", _report(old)["ema"])
+    assert scores["warm"] > scores["scratch"] + 0.05, scores

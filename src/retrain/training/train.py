@@ -182,12 +182,13 @@ def _export(paths: Paths, master: Master, p: TrainParams, sd: dict[str, torch.Te
     return paths.candidate / "model.pt"
 
 
-def train(paths: Paths, params: Params) -> TrainResult | None:
+def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> TrainResult | None:
     """Train a candidate on ``data/master`` and export it to ``models/candidate/model.pt``.
 
     Args:
         paths: The workspace.
         params: All params (``train`` and ``registry`` are used).
+        callbacks: More Lightning callbacks (the throughput benchmark's timer, for instance).
 
     Returns:
         The result on the main process; ``None`` on the other ranks of a multi-process run.
@@ -219,7 +220,7 @@ def train(paths: Paths, params: Params) -> TrainResult | None:
     module.image_ids = dm.val_image_ids
     loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
-    trainer = build_trainer(p, paths.checkpoints, loggers)
+    trainer = build_trainer(p, paths.checkpoints, loggers, callbacks)
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - t0

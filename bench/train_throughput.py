@@ -1,0 +1,270 @@
+"""Training throughput and accuracy of `retrain train` against ultralytics' own trainer, in one run.
+
+Same data (the sample batches, merged; exported to ultralytics' YOLO layout for the peer), same model
+(yolo11n.yaml from scratch), imgsz, batch, epochs, optimizer, schedule and augmentations. The peer runs with
+its thread count set to this machine's cores (`ultralytics.utils.torch_utils.NUM_THREADS`; its default is
+cores - 1, capped at 8, which on 2 cores is 1 thread and no fair peer) and with its gradient accumulation off
+(`nbs` = batch), as ours.
+
+- training images/s: train-loop time only (validation excluded), epochs after the first (warm-up excluded);
+- the machine's limit: measured float32 matmul GFLOP/s divided by 3x the model's forward FLOPs per image
+  (forward + backward ~ 3x forward), counted by torch's FlopCounterMode;
+- mAP50-95 / mAP50 of both after the same epochs, both scored by the same code (`retrain.evaluation`,
+  pycocotools) on the same val images with the EMA weights each trainer keeps.
+
+Writes a section into bench/RESULTS.md. Usage: python bench/train_throughput.py [--epochs N] [--imgsz N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("YOLO_OFFLINE", "true")
+_CONFIG = tempfile.mkdtemp(prefix="ultralytics-config-")
+os.environ["YOLO_CONFIG_DIR"] = _CONFIG  # its settings file (mlflow off below) never touches the user's
+
+sys.path.insert(0, str(HERE))
+from merge_scaling import machine, update_results_md  # noqa: E402
+
+
+def run(*args: str | Path, cwd: Path) -> None:
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    subprocess.run([sys.executable, "-m", *map(str, args)], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def workspace(root: Path, batches: int, images: int) -> Path:
+    """A retrain workspace with ``batches`` sample batches ingested and merged."""
+    from retrain.data.sample import generate
+
+    ws = root / "ws"
+    run("retrain", "init", ws, "--remote", root / "remote", cwd=root)
+    for b in generate(root / "samples", batches, images, seed=0):
+        run("retrain", "ingest", b.path, cwd=ws)
+    run("retrain", "merge", cwd=ws)
+    return ws
+
+
+def export_yolo(ws: Path, out: Path) -> Path:
+    """The master as ultralytics' YOLO layout (images linked, labels normalised cx cy w h): the peer's data."""
+    from retrain.training.data import load_master
+
+    master = load_master(ws / "data" / "master", ws / "data")
+    index = {cid: i for i, cid in enumerate(master.category_ids)}
+    boxes: dict[int, list[str]] = {}
+    for a in master.doc["annotations"]:
+        boxes.setdefault(a["image_id"], []).append(a)
+    for split in ("train", "val"):
+        (out / "images" / split).mkdir(parents=True)
+        (out / "labels" / split).mkdir(parents=True)
+        for im in master.images(split):
+            src = master.data_root / im["file_name"]
+            (out / "images" / split / f"{im['sha256']}{src.suffix}").symlink_to(src)
+            lines = []
+            for a in boxes.get(im["id"], []):
+                x, y, w, h = a["bbox"]
+                lines.append(f"{index[a['category_id']]} {(x + w / 2) / im['width']:.6f} "
+                             f"{(y + h / 2) / im['height']:.6f} {w / im['width']:.6f} {h / im['height']:.6f}")
+            (out / "labels" / split / f"{im['sha256']}.txt").write_text("\n".join(lines) + "\n")
+    data = out / "data.yaml"
+    data.write_text(json.dumps({"path": str(out), "train": "images/train", "val": "images/val",
+                                "names": dict(enumerate(master.names))}))
+    return data
+
+
+class EpochTimer:
+    """Seconds of each training epoch's loop (validation excluded)."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._t0 = 0.0
+
+    def start(self, *_: Any) -> None:
+        self._t0 = time.perf_counter()
+
+    def stop(self, *_: Any) -> None:
+        self.seconds.append(time.perf_counter() - self._t0)
+
+
+def ours(ws: Path, settings: dict[str, Any]) -> tuple[EpochTimer, dict[str, Any], int]:
+    import pytorch_lightning as pl
+
+    from retrain.config import load_params
+    from retrain.paths import Paths
+    from retrain.training.train import train
+
+    timer = EpochTimer()
+
+    class Timer(pl.Callback):
+        """Lightning validates inside the epoch, before ``on_train_epoch_end``: its time is taken out."""
+
+        val = 0.0
+
+        def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+            self.val = 0.0
+            timer.start()
+
+        def on_validation_start(self, trainer: Any, module: Any) -> None:
+            self.v0 = time.perf_counter()
+
+        def on_validation_end(self, trainer: Any, module: Any) -> None:
+            self.val += time.perf_counter() - self.v0
+
+        def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+            timer.stop()
+            timer.seconds[-1] -= self.val
+
+    params = load_params(ws / "params.yaml")
+    params = params.model_copy(update={"train": params.train.model_copy(update=settings)})
+    result = train(Paths(ws), params, callbacks=[Timer()])
+    assert result is not None
+    from retrain.training.data import load_master
+
+    n_train = len(load_master(ws / "data" / "master", ws / "data").images("train"))
+    return timer, result.report["ema"], n_train
+
+
+def peer(data: Path, ws: Path, out: Path, settings: dict[str, Any], threads: int) -> tuple[EpochTimer, dict[str, Any]]:
+    import ultralytics.utils.torch_utils as tu
+    from ultralytics import YOLO
+    from ultralytics.utils import SETTINGS
+
+    SETTINGS.update({k: False for k in ("mlflow", "tensorboard", "wandb", "clearml", "comet", "dvc", "neptune",
+                                        "raytune") if k in SETTINGS})  # no integration writes runs anywhere
+    tu.NUM_THREADS = threads  # select_device() calls torch.set_num_threads(NUM_THREADS) for CPU training
+    timer = EpochTimer()
+    model = YOLO("yolo11n.yaml")  # built from the yaml: no download
+    model.add_callback("on_train_epoch_start", timer.start)
+    model.add_callback("on_train_epoch_end", timer.stop)
+    aug = settings["augment"]
+    model.train(data=str(data), epochs=settings["epochs"], imgsz=settings["imgsz"], batch=settings["batch"],
+                workers=settings["workers"], device="cpu", optimizer="AdamW", lr0=settings["lr"], lrf=settings["lrf"],
+                cos_lr=True, momentum=settings["momentum"], weight_decay=settings["weight_decay"],
+                warmup_epochs=settings["warmup_epochs"], nbs=settings["batch"], cache="ram", seed=0,
+                deterministic=False, amp=False, plots=False, val=True, project=str(out), name="peer",
+                exist_ok=True, pretrained=False, verbose=False, close_mosaic=aug["close_mosaic"],
+                **{k: v for k, v in aug.items() if k != "close_mosaic"})
+    # Score the peer's best EMA weights with the same code that scores ours.
+    from retrain.config import load_params
+    from retrain.evaluation.coco_eval import evaluate, ground_truth
+    from retrain.evaluation.predict import predict_loader
+    from retrain.training.data import MasterDataModule, load_master
+    from retrain.training.weights import load_model_file
+
+    best = Path(model.trainer.best)
+    mf = load_model_file(best)
+    master = load_master(ws / "data" / "master", ws / "data")
+    p = load_params(ws / "params.yaml").train.model_copy(update={k: v for k, v in settings.items() if k != "augment"})
+    dm = MasterDataModule(master, p, ws / ".cache")
+    dm.setup("fit")
+    net = mf.build()
+    dets = predict_loader(net, dm.eval_dataloader(), dm.val_image_ids, master.category_ids, p.nms_conf, p.nms_iou,
+                          p.max_det)
+    return timer, evaluate(ground_truth(master.doc, "val"), dets).to_json()
+
+
+def matmul_gflops(threads: int, n: int = 2048, reps: int = 20) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def forward_gflops(imgsz: int, classes: int) -> float:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from retrain.training.module import build_model
+
+    model = build_model("yolo11n.yaml", tuple(f"c{i}" for i in range(classes))).eval()
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(torch.zeros(1, 3, imgsz, imgsz))
+    return counter.get_total_flops() / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--images-per-batch", type=int, default=48)
+    ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
+    args = ap.parse_args()
+    threads = len(os.sched_getaffinity(0))
+    root = Path(tempfile.mkdtemp(prefix="bench-train-"))
+    ws = workspace(root, 2, args.images_per_batch)
+    data = export_yolo(ws, root / "yolo")
+    settings: dict[str, Any] = {
+        "model": "yolo11n.yaml", "imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "workers": 2,
+        "cache": "ram", "use_champion": False, "threads": threads, "optimizer": "AdamW", "lr": 0.002, "lrf": 0.01,
+        "momentum": 0.9, "weight_decay": 0.0005, "warmup_epochs": 1.0, "patience": 1000,
+        "augment": {"hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.5,
+                    "fliplr": 0.5, "flipud": 0.0, "mosaic": 1.0, "mixup": 0.0,
+                    "close_mosaic": max(1, args.epochs // 4)},
+    }
+    from retrain.config import AugmentParams
+
+    t_ours, m_ours, n_train = ours(ws, {**settings, "augment": AugmentParams(**settings["augment"])})
+    t_peer, m_peer = peer(data, ws, root / "peer", settings, threads)
+    steady = slice(1, None)  # epoch 1 warms up (allocator, first loader start)
+    ips_ours = n_train * len(t_ours.seconds[steady]) / sum(t_ours.seconds[steady])
+    ips_peer = n_train * len(t_peer.seconds[steady]) / sum(t_peer.seconds[steady])
+    gflops = matmul_gflops(threads)
+    fwd = forward_gflops(args.imgsz, 4)
+    limit = gflops / (3 * fwd)
+    rows = [
+        ("training images/s: ours vs ultralytics' trainer (NUM_THREADS = cores)", f"{ips_ours:.2f}",
+         f"{ips_peer:.2f}", f"{ips_ours / ips_peer:.2f}"),
+        ("training images/s: ours vs the machine's limit", f"{ips_ours:.2f}", f"{limit:.2f}",
+         f"{ips_ours / limit:.2f}"),
+        ("peer vs the machine's limit", f"{ips_peer:.2f}", f"{limit:.2f}", f"{ips_peer / limit:.2f}"),
+        (f"val mAP50-95 after {args.epochs} epochs (EMA, pycocotools)", f"{m_ours['mAP50-95']:.4f}",
+         f"{m_peer['mAP50-95']:.4f}", f"{m_ours['mAP50-95'] - m_peer['mAP50-95']:+.4f} (difference)"),
+        (f"val mAP50 after {args.epochs} epochs", f"{m_ours['mAP50']:.4f}", f"{m_peer['mAP50']:.4f}",
+         f"{m_ours['mAP50'] - m_peer['mAP50']:+.4f} (difference)"),
+    ]
+    lines = [
+        "## train_throughput: `retrain train` against ultralytics' own trainer",
+        "",
+        f"Machine: {machine()}. Date: {time.strftime('%Y-%m-%d')}. Command: `python bench/train_throughput.py "
+        f"--epochs {args.epochs} --imgsz {args.imgsz} --batch {args.batch} --images-per-batch "
+        f"{args.images_per_batch}`.",
+        "",
+        f"Data: 2 sample batches, {n_train} train images, {m_ours['images']} val images; yolo11n.yaml from scratch, "
+        f"imgsz {args.imgsz}, batch {args.batch}, {args.epochs} epochs, AdamW, cosine, mosaic, 2 loader workers, "
+        f"RAM cache, {threads} torch threads for both, float32. Epoch seconds (train loop only): ours "
+        f"{', '.join(f'{s:.1f}' for s in t_ours.seconds)}; peer {', '.join(f'{s:.1f}' for s in t_peer.seconds)} "
+        f"(the first epoch of each excluded). Machine limit: matmul {gflops:.1f} GFLOP/s / (3 x {fwd:.2f} GFLOP "
+        "forward per image).",
+        "",
+        "| what | ours | peer | ours / peer |",
+        "|---|---:|---:|---:|",
+        *(f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows),
+        "",
+        f"Targets: >= 1.2x the peer ({'met' if ips_ours >= 1.2 * ips_peer else 'NOT met'}), >= 30% of the limit "
+        f"({'met' if ips_ours >= 0.3 * limit else 'NOT met'}), mAP50-95 within 0.02 of the peer or above "
+        f"({'met' if m_ours['mAP50-95'] >= m_peer['mAP50-95'] - 0.02 else 'NOT met'}).",
+        "",
+    ]
+    section = "\n".join(lines)
+    print(section)
+    if not args.no_write:
+        update_results_md(section)
+
+
+if __name__ == "__main__":
+    main()
