@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -43,6 +44,13 @@ def test_sample_data_passes_with_report_docs_and_drift(workspace: Paths, sample_
         assert (workspace.validation_docs / "expectations" / f"retrain-{table}.html").is_file()
         assert list((workspace.validation_docs / "validations" / f"retrain-{table}").rglob("*.html"))
     assert "retrain-boxes" in (workspace.validation_docs / "index.html").read_text()
+    # Offline: no page loads a script, stylesheet or image from the network, and every local one exists.
+    from retrain.validation.datadocs import remote_assets
+
+    assert remote_assets(workspace.validation_docs) == {}
+    for page in workspace.validation_docs.rglob("*.html"):
+        for ref in re.findall(r'(?:<script[^>]+src|<link[^>]+href)="([^"#?]+)"', page.read_text()):
+            assert (page.parent / ref).is_file(), (page, ref)
     # Image checks are cached by content: every master image is in the cache after one run.
     cache = json.loads((ws / ".cache" / "image-checks.json").read_text())
     assert len(cache) == 24

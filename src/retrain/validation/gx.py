@@ -92,6 +92,7 @@ def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int 
         for i, r in mine.items():
             e = r.expectation  # rules are built fresh for each run, so the expectation is ours to annotate
             e.meta = {"retrain_index": i, "retrain_rule": r.name, "level": r.level, "notes": r.what}
+            e.severity = "warning" if r.level == "warn" else "critical"  # Data Docs shows a warn rule as such
             suite.add_expectation(e)
         batch_definition = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
         vd = ctx.validation_definitions.add(gx.ValidationDefinition(
@@ -104,4 +105,8 @@ def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int 
             for er in vr.results:
                 i = er.expectation_config.meta["retrain_index"]
                 by_idx[i] = _result(mine[i], er, df, examples)
+    if docs_dir is not None and (docs_dir / "index.html").is_file():
+        from retrain.validation.datadocs import localize
+
+        localize(docs_dir)  # the pages load their scripts from CDNs: offline, the index would list nothing
     return [by_idx[i] for i in sorted(by_idx)]
