@@ -146,7 +146,7 @@ def peer(data: Path, ws: Path, out: Path, settings: dict[str, Any], threads: int
     model.add_callback("on_train_epoch_end", timer.stop)
     aug = settings["augment"]
     model.train(data=str(data), epochs=settings["epochs"], imgsz=settings["imgsz"], batch=settings["batch"],
-                workers=settings["workers"], device="cpu", optimizer="AdamW", lr0=settings["lr"], lrf=settings["lrf"],
+                workers=0, device="cpu", optimizer="AdamW", lr0=settings["lr"], lrf=settings["lrf"],
                 cos_lr=True, momentum=settings["momentum"], weight_decay=settings["weight_decay"],
                 warmup_epochs=settings["warmup_epochs"], nbs=settings["batch"], cache="ram", seed=0,
                 deterministic=False, amp=False, plots=False, val=True, project=str(out), name="peer",
@@ -209,7 +209,7 @@ def main() -> None:
     ws = workspace(root, 2, args.images_per_batch)
     data = export_yolo(ws, root / "yolo")
     settings: dict[str, Any] = {
-        "model": "yolo11n.yaml", "imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "workers": 2,
+        "model": "yolo11n.yaml", "imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "workers": "auto",
         "cache": "ram", "use_champion": False, "threads": threads, "optimizer": "AdamW", "lr": 0.002, "lrf": 0.01,
         "momentum": 0.9, "weight_decay": 0.0005, "warmup_epochs": 1.0, "patience": 1000,
         "augment": {"hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0, "translate": 0.1, "scale": 0.5,
@@ -219,6 +219,9 @@ def main() -> None:
     from retrain.config import AugmentParams
 
     t_ours, m_ours, n_train = ours(ws, {**settings, "augment": AugmentParams(**settings["augment"])})
+    formats = json.loads((ws / ".cache" / "memory-format.json").read_text())
+    fmt = "channels_last" if any(formats.values()) else "NCHW"
+    decision = "timed once by `retrain train` on this CPU"
     t_peer, m_peer = peer(data, ws, root / "peer", settings, threads)
     steady = slice(1, None)  # epoch 1 warms up (allocator, first loader start)
     ips_ours = n_train * len(t_ours.seconds[steady]) / sum(t_ours.seconds[steady])
@@ -245,8 +248,9 @@ def main() -> None:
         f"{args.images_per_batch}`.",
         "",
         f"Data: 2 sample batches, {n_train} train images, {m_ours['images']} val images; yolo11n.yaml from scratch, "
-        f"imgsz {args.imgsz}, batch {args.batch}, {args.epochs} epochs, AdamW, cosine, mosaic, 2 loader workers, "
-        f"RAM cache, {threads} torch threads for both, float32. Epoch seconds (train loop only): ours "
+        f"imgsz {args.imgsz}, batch {args.batch}, {args.epochs} epochs, AdamW, cosine, mosaic, no loader processes "
+        f"(ultralytics forces 0 on a CPU; ours: workers auto = 0 on a CPU), RAM cache, {threads} torch threads for "
+        f"both, float32; ours in {fmt} (channels_last auto: {decision}), the peer in NCHW. Epoch seconds (train loop only): ours "
         f"{', '.join(f'{s:.1f}' for s in t_ours.seconds)}; peer {', '.join(f'{s:.1f}' for s in t_peer.seconds)} "
         f"(the first epoch of each excluded). Machine limit: matmul {gflops:.1f} GFLOP/s / (3 x {fwd:.2f} GFLOP "
         "forward per image).",

@@ -118,3 +118,47 @@ def test_warm_start_onto_more_classes_transfers_matching_weights_and_old_class_r
     assert t.kept_classes == ("circle", "square", "triangle") and t.new_classes == ("star",)
     for k in mismatched:  # old classes' rows copied by name; the new class's row keeps its fresh init
         assert torch.equal(sd[k][:3], osd[k][:3]) and torch.equal(sd[k][3], fresh[k][3])
+
+
+def _sample_master(root: Path):
+    """One generated sample batch as a ``Master`` (every 3rd image in val), without ingest or merge."""
+    import hashlib
+    import json
+
+    from retrain.data.sample import generate
+    from retrain.training.data import Master
+
+    (batch,) = generate(root, 1, 12, seed=0)
+    doc = json.loads((batch.path / "annotations.json").read_text())
+    for i, im in enumerate(doc["images"]):
+        im["file_name"] = f"{batch.path.name}/images/{im['file_name']}"
+        im["sha256"] = hashlib.sha256((root / im["file_name"]).read_bytes()).hexdigest()
+        im["split"] = "val" if i % 3 == 0 else "train"
+    cats = sorted(doc["categories"], key=lambda c: c["id"])
+    return Master(doc, tuple(c["name"] for c in cats), tuple(c["id"] for c in cats), "v", root.resolve())
+
+
+def test_persistent_loader_workers_draw_each_epoch_as_a_resumed_run_does(tmp_path: Path):
+    """Epoch N's augmented batches depend on (seed, epoch) only: the same after epochs 0..N-1 as straight after a resume."""
+    from retrain.config import AugmentParams
+    from retrain.training.data import MasterDataModule
+
+    master = _sample_master(tmp_path)
+    p = TrainParams(imgsz=64, batch=4, workers=2, cache="ram", epochs=3, augment=AugmentParams(close_mosaic=1))
+
+    def epochs(which: list[int]) -> list[list[torch.Tensor]]:
+        dm = MasterDataModule(master, p, tmp_path / "cache")
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+        assert loader.persistent_workers and loader.num_workers == 2
+        out = []
+        for e in which:
+            loader.sampler.set_epoch(e)  # what Lightning does before each epoch, the first after a resume included
+            out.append([b["img"].clone() for b in loader])
+        return out
+
+    unbroken = epochs([0, 1, 2])
+    resumed = epochs([1, 2])
+    for a, b in zip(unbroken[1:], resumed, strict=True):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(unbroken[0], unbroken[1], strict=False))  # epochs do differ

@@ -3,7 +3,8 @@
 - ``WarmupEMA``: Lightning's ``EMAWeightAveraging`` with ultralytics' decay warm-up, so early updates are not
   dominated by the initial weights.  Validation and checkpoints use the EMA weights; its state survives resume.
 - Seeding per epoch and close-mosaic are not callbacks: Lightning skips ``on_train_epoch_start`` in the first
-  epoch after a resume, so they live in the train sampler's ``set_epoch`` (``data.EpochSampler``).
+  epoch after a resume, and loader processes are persistent, so the epoch travels with each sampled key and
+  the dataset starts it where items are made (``data.EpochSampler``, ``data.MasterDataset.start_epoch``).
 - ``FaultPoints``: named points for the fault tests (``RETRAIN_FAULT=train.epoch<N>``, in that epoch's 2nd batch).
 - ``AtomicCheckpointIO``: checkpoints written to a temp file, fsynced and renamed; the previous ``last.ckpt``
   is kept as ``last.prev.ckpt`` (the fallback when the newest is damaged); loads are ``weights_only=True``.
@@ -35,11 +36,18 @@ class WarmupEMA(EMAWeightAveraging):
     def __init__(self, decay: float, tau: float) -> None:
         super().__init__(decay=decay)
 
-        def ema(averaged: torch.Tensor, current: torch.Tensor, num_averaged: torch.Tensor) -> torch.Tensor:
+        def ema(averaged: list[torch.Tensor], current: list[torch.Tensor], num_averaged: torch.Tensor) -> None:
+            # One group of tensors of one dtype: foreach kernels, not a Python call per tensor.  Integer buffers
+            # (BatchNorm's num_batches_tracked) take the current value, as ultralytics' ModelEMA leaves them.
+            if not averaged[0].is_floating_point():
+                torch._foreach_copy_(averaged, current)
+                return
             d = decay * (1 - math.exp(-float(num_averaged) / tau))
-            return averaged * d + current * (1 - d)
+            torch._foreach_lerp_(averaged, current, 1 - d)
 
-        self._kwargs["avg_fn"] = ema  # replaces the constant-decay function EMAWeightAveraging set
+        # Replaces the constant-decay per-tensor function EMAWeightAveraging set (AveragedModel prefers multi_avg_fn).
+        self._kwargs["avg_fn"] = None
+        self._kwargs["multi_avg_fn"] = ema
 
 
 class FaultPoints(Callback):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import random
 from copy import copy
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,13 +98,46 @@ def _labels(master: Master, images: list[dict[str, Any]]) -> list[dict[str, Any]
 
 
 class MasterDataset(YOLODataset):
-    """ultralytics' ``YOLODataset`` (letterbox, augmentations, mosaic) over label dicts given in memory."""
+    """ultralytics' ``YOLODataset`` (letterbox, augmentations, mosaic) over label dicts given in memory.
 
-    def __init__(self, labels: list[dict[str, Any]], shas: list[str], npy_dir: Path, **kwargs: Any) -> None:
+    Items are asked for as ``(index, epoch, rank)`` (``EpochSampler`` yields them), so the epoch starts where the
+    item is made: in the persistent loader process that holds this copy of the dataset, or in the main process
+    with no workers.  Starting an epoch reseeds ``random``/``numpy``/``torch`` from (seed, epoch, rank, worker),
+    forgets the mosaic buffer and, for the last ``close_mosaic`` epochs, turns mosaic off.  What an epoch draws
+    then depends on nothing before it: a run resumed at epoch N draws exactly what an unbroken run draws.
+    """
+
+    def __init__(self, labels: list[dict[str, Any]], shas: list[str], npy_dir: Path, seed: int = 0,
+                 close_from: int | None = None, **kwargs: Any) -> None:
         self._given = labels
         self._npy = [npy_dir / f"{s}.npy" for s in shas]
         super().__init__(img_path=[lb["im_file"] for lb in labels], **kwargs)
         self.npy_files = self._npy  # never next to the data, in any cache mode
+        self.seed, self.close_from, self.closing_hyp = seed, close_from, copy(kwargs["hyp"])
+        self.epoch: int | None = None
+        self.mosaic_closed = False
+
+    def __getitem__(self, key: Any) -> Any:
+        index, epoch, rank = key if isinstance(key, tuple) else (key, None, 0)
+        if epoch is not None and epoch != self.epoch:
+            self.start_epoch(epoch, rank)
+        return super().__getitem__(index)
+
+    def start_epoch(self, epoch: int, rank: int = 0) -> None:
+        """Reseed, forget the previous epoch's mosaic buffer, and close mosaic for the last epochs."""
+        self.epoch = epoch
+        info = torch.utils.data.get_worker_info()
+        stream = ((self.seed * 1000 + epoch) * 1000 + rank) * 1000 + (info.id if info is not None else 0)
+        random.seed(stream)
+        np.random.seed(stream % 2**32)
+        torch.manual_seed(stream)
+        for j in self.buffer:  # mosaic draws partners from recently loaded images: not from another epoch's
+            if self.cache != "ram":
+                self.ims[j] = None
+        self.buffer.clear()
+        if self.augment and self.close_from is not None and epoch >= self.close_from and not self.mosaic_closed:
+            self.close_mosaic(hyp=copy(self.closing_hyp))
+            self.mosaic_closed = True
 
     def load_image(self, i: int, *args: Any, **kwargs: Any) -> Any:
         """ultralytics' loader, with an unreadable image as one clear line (validation should have caught it)."""
@@ -154,17 +189,18 @@ def hyperparameters(params: TrainParams) -> Any:
     aug = params.augment.model_dump()
     aug.pop("close_mosaic")
     return get_cfg(overrides={**aug, "imgsz": params.imgsz, "close_mosaic": params.augment.close_mosaic,
-                              "batch": params.batch, "workers": params.workers, "plots": False})
+                              "batch": params.batch, "plots": False})
 
 
-class EpochSampler(Sampler[int]):
-    """Indices for one process, shuffled from ``(seed, epoch)``; ``set_epoch`` starts the epoch.
+class EpochSampler(Sampler[tuple[int, int, int]]):
+    """Keys ``(index, epoch, rank)`` for one process, shuffled from ``(seed, epoch)``; ``set_epoch`` starts the epoch.
 
     Lightning calls ``set_epoch`` on the train sampler before every epoch, including the first one after a resume
-    (where it skips ``on_train_epoch_start``), so the per-epoch start lives here: reseeding every RNG (ultralytics'
-    augmentations draw from ``random`` and ``numpy``; workers are seeded from the loader's base seed), clearing the
-    mosaic buffer and closing mosaic.  A run resumed at epoch N then draws exactly what an unbroken run draws.
-    Under DDP each rank takes every ``world``-th index of the same permutation, padded to equal length.
+    (where it skips ``on_train_epoch_start``).  The epoch travels with each key to ``MasterDataset``, which starts
+    the epoch in whichever process makes the item (loader workers are persistent: forking new ones every epoch
+    from a trainer holding gigabytes costs a copy-on-write fault on every page it touches next, which on this
+    project's machines doubled the time of a training step).  Under DDP each rank takes every ``world``-th index
+    of the same permutation, padded to equal length.
     """
 
     def __init__(self, n: int, seed: int, shuffle: bool, on_epoch: Any = None, rank: int = 0, world: int = 1) -> None:
@@ -174,7 +210,7 @@ class EpochSampler(Sampler[int]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
-        pl.seed_everything(self.seed * 1000 + epoch, workers=True, verbose=False)
+        pl.seed_everything(self.seed * 1000 + epoch, workers=True, verbose=False)  # this process's own RNGs
         if self.on_epoch is not None:
             self.on_epoch(epoch)
 
@@ -185,10 +221,22 @@ class EpochSampler(Sampler[int]):
         else:
             order = list(range(self.n))
         order += order[: self.per_rank * self.world - self.n]  # pad, as DistributedSampler does
-        return iter(order[self.rank::self.world])
+        return iter([(i, self.epoch, self.rank) for i in order[self.rank::self.world]])
 
     def __len__(self) -> int:
         return self.per_rank
+
+
+def loader_workers(params: TrainParams) -> int:
+    """Dataloader processes: ``params.workers``, or for ``auto`` none on a CPU and min(8, cores) with a GPU.
+
+    On a CPU the training step is compute-bound (loading and augmenting a batch of the sample data took 3% of a
+    step), so a loader process only takes cores from the step; with a GPU the loaders keep it fed.
+    """
+    if params.workers != "auto":
+        return params.workers
+    gpu = params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return min(8, len(os.sched_getaffinity(0))) if gpu else 0
 
 
 class MasterDataModule(pl.LightningDataModule):
@@ -196,16 +244,18 @@ class MasterDataModule(pl.LightningDataModule):
 
     def __init__(self, master: Master, params: TrainParams, cache_dir: Path) -> None:
         super().__init__()
+        params = params.model_copy(update={"workers": loader_workers(params)})
         self.master, self.params, self.cache_dir = master, params, cache_dir
         self.hyp = hyperparameters(params)
         self.train_set: MasterDataset | None = None
         self.val_set: MasterDataset | None = None
         self.val_image_ids: dict[str, int] = {}
-        self.mosaic_closed = False
 
     def _dataset(self, split: str, augment: bool, cache: str) -> MasterDataset:
         images = self.master.images(split)
+        close = self.params.augment.close_mosaic
         return MasterDataset(_labels(self.master, images), [im["sha256"] for im in images], self.cache_dir / "images",
+                             seed=self.params.seed, close_from=self.params.epochs - close if close else None,
                              data={"names": dict(enumerate(self.master.names)), "channels": 3}, task="detect",
                              imgsz=self.params.imgsz, cache=None if cache == "none" else cache, augment=augment,
                              hyp=copy(self.hyp), prefix=f"{split}: ", rect=False, batch_size=self.params.batch,
@@ -214,7 +264,8 @@ class MasterDataModule(pl.LightningDataModule):
     def setup(self, stage: str) -> None:
         if self.train_set is not None:
             return
-        cache = choose_cache(self.params.cache, self.master.doc["images"], self.params.imgsz, self.params.workers)
+        cache = choose_cache(self.params.cache, self.master.doc["images"], self.params.imgsz,
+                             int(self.params.workers))
         self.train_set = self._dataset("train", True, cache)
         self.val_set = self._dataset("val", False, cache)
         self.val_image_ids = {lb["im_file"]: im["id"] for lb, im in
@@ -225,10 +276,11 @@ class MasterDataModule(pl.LightningDataModule):
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None and shard else (0, 1)
         sampler = EpochSampler(len(ds), self.params.seed, shuffle=train,
-                               on_epoch=self.start_epoch if train else None, rank=rank, world=world)
-        # persistent_workers off: close_mosaic changes the dataset, and each epoch's workers must see it.
-        return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=self.params.workers,
-                          collate_fn=YOLODataset.collate_fn, pin_memory=False, drop_last=False)
+                               on_epoch=self.log_epoch if train else None, rank=rank, world=world)
+        workers = int(self.params.workers)
+        return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=workers,
+                          persistent_workers=workers > 0, collate_fn=YOLODataset.collate_fn, pin_memory=False,
+                          drop_last=False)
 
     def train_dataloader(self) -> DataLoader[Any]:
         return self._loader(self.train_set, True)
@@ -240,26 +292,8 @@ class MasterDataModule(pl.LightningDataModule):
         """Every val image in one process (scoring after the fit), whatever the world size."""
         return self._loader(self.val_set, False, shard=False)
 
-    def start_epoch(self, epoch: int) -> None:
-        """Forget the previous epoch's mosaic buffer; close mosaic for the last ``close_mosaic`` epochs.
-
-        Mosaic draws its partner images from a buffer of recently loaded ones: kept across epochs, an epoch's
-        mosaics would depend on the previous epoch, and a resumed run (empty buffer) would draw others.
-        """
-        ds = self.train_set
-        if ds is None:
-            return
-        for j in ds.buffer:
-            if ds.cache != "ram":
-                ds.ims[j] = None
-        ds.buffer.clear()
+    def log_epoch(self, epoch: int) -> None:
+        """Say when mosaic turns off (the loader processes turn it off, see ``MasterDataset.start_epoch``)."""
         close = self.params.augment.close_mosaic
-        if close and epoch >= self.params.epochs - close and not self.mosaic_closed:
+        if close and epoch == max(0, self.params.epochs - close):
             log.info("epoch %d: mosaic off for the last %d epochs", epoch + 1, close)
-            self.close_mosaic()
-            self.mosaic_closed = True
-
-    def close_mosaic(self) -> None:
-        """Turn mosaic (and mixup) off for the last epochs, as ultralytics' trainer does."""
-        if self.train_set is not None:
-            self.train_set.close_mosaic(hyp=copy(self.hyp))

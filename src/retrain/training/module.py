@@ -52,6 +52,7 @@ class DetectorModule(pl.LightningModule):
         self.last_metrics: CocoMetrics | None = None
         self.run_meta: dict[str, Any] = {}  # data version, params hash, MLflow run: saved in every checkpoint
         self.memory_format = torch.channels_last if params.channels_last == "on" else torch.contiguous_format
+        self.model.to(memory_format=self.memory_format)  # the weights too, for oneDNN's NHWC kernels
 
     def forward(self, img: torch.Tensor) -> Any:
         return self.model(img)
@@ -107,10 +108,13 @@ class DetectorModule(pl.LightningModule):
             for name, param in module.named_parameters(recurse=False):
                 (no_decay if name == "bias" or isinstance(module, norms) else decay).append(param)
         groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        # fused: one kernel per step for all parameters (CPU and CUDA), where torch's plain default on a CPU is a
+        # Python loop over ~450 tensors.
         if p.optimizer == "SGD":
-            opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=p.lr, momentum=p.momentum, nesterov=True)
+            opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=p.lr, momentum=p.momentum, nesterov=True,
+                                                         fused=True)
         else:
-            opt = torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999))
+            opt = torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999), fused=True)
         total = int(self.trainer.estimated_stepping_batches)
         warm = min(round(p.warmup_epochs * total / p.epochs), max(total - 1, 0))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(warm, total, p.lrf, p.schedule))

@@ -164,12 +164,13 @@ def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | Non
     return [mlf, table]
 
 
-def _score(module: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: TrainParams) -> dict[str, Any]:
+def _score(module: Any, loader: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: TrainParams
+           ) -> dict[str, Any]:
     from retrain.evaluation.coco_eval import evaluate
     from retrain.evaluation.predict import predict_loader
 
     module.model.load_state_dict(_model_state(sd))
-    dets = predict_loader(module.model, dm.eval_dataloader(), dm.val_image_ids, dm.master.category_ids,
+    dets = predict_loader(module.model, loader, dm.val_image_ids, dm.master.category_ids,
                           p.nms_conf, p.nms_iou, p.max_det)
     return evaluate(module.gt, dets).to_json()
 
@@ -197,11 +198,12 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
         RetrainError: No master, an unsafe or damaged model file, every checkpoint damaged.
     """
     from retrain.training.module import DetectorModule, build_model
-    from retrain.training.trainer import build_trainer, cpu_threads, use_channels_last
+    from retrain.training.trainer import build_trainer, cpu_threads, keep_freed_memory, use_channels_last
 
     require_workspace(paths)
     p = params.train
     torch.set_num_threads(cpu_threads(p))  # importing ultralytics set OMP_NUM_THREADS=1
+    keep_freed_memory()  # steady training steps without page faults
     master = load_master(paths.master, paths.data)
     base, base_info = resolve_base(paths, params)
     fp = fingerprint(master.version, p, base_info)
@@ -215,8 +217,8 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     transfer = warm_start(model, base) if base is not None and resume is None else None
     dm = MasterDataModule(master, p, paths.cache)
     dm.setup("fit")
-    module = DetectorModule(model, master, p.model_copy(update={"channels_last": "on" if use_channels_last(p)
-                                                                 else "off"}))
+    channels_last = use_channels_last(p, model, paths.cache / "memory-format.json")
+    module = DetectorModule(model, master, p.model_copy(update={"channels_last": "on" if channels_last else "off"}))
     module.image_ids = dm.val_image_ids
     loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
@@ -228,7 +230,8 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
         return None
     best = paths.checkpoints / "best.ckpt"
     ck = torch.load(best if best.is_file() else paths.checkpoints / LAST, map_location="cpu", weights_only=True)
-    ema, raw = _score(module, dm, ck["state_dict"], p), _score(module, dm, ck["current_model_state"], p)
+    loader = dm.eval_dataloader()  # one loader (its worker processes start once) for both scorings
+    ema, raw = _score(module, loader, dm, ck["state_dict"], p), _score(module, loader, dm, ck["current_model_state"], p)
     report = {"data_version": master.version, "params_hash": fp["params"], "warm_start": base_info,
               "transferred": None if transfer is None else vars(transfer) | {"kept_classes": list(
                   transfer.kept_classes), "new_classes": list(transfer.new_classes)},
