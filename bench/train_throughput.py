@@ -50,6 +50,7 @@ def workspace(root: Path, batches: int, images: int) -> Path:
     for b in generate(root / "samples", batches, images, seed=0):
         run("retrain", "ingest", b.path, cwd=ws)
     run("retrain", "merge", cwd=ws)
+    run("retrain", "validate", cwd=ws)
     return ws
 
 
@@ -198,10 +199,10 @@ def forward_gflops(imgsz: int, classes: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--imgsz", type=int, default=320)
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--images-per-batch", type=int, default=48)
+    ap.add_argument("--images-per-batch", type=int, default=80)
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     args = ap.parse_args()
     threads = len(os.sched_getaffinity(0))
@@ -250,7 +251,8 @@ def main() -> None:
         f"Data: 2 sample batches, {n_train} train images, {m_ours['images']} val images; yolo11n.yaml from scratch, "
         f"imgsz {args.imgsz}, batch {args.batch}, {args.epochs} epochs, AdamW, cosine, mosaic, no loader processes "
         f"(ultralytics forces 0 on a CPU; ours: workers auto = 0 on a CPU), RAM cache, {threads} torch threads for "
-        f"both, float32; ours in {fmt} (channels_last auto: {decision}), the peer in NCHW. Epoch seconds (train loop only): ours "
+        f"both, float32; ours in {fmt} (channels_last auto: {decision}), the peer in NCHW. Epoch seconds (train "
+        "loop only): ours "
         f"{', '.join(f'{s:.1f}' for s in t_ours.seconds)}; peer {', '.join(f'{s:.1f}' for s in t_peer.seconds)} "
         f"(the first epoch of each excluded). Machine limit: matmul {gflops:.1f} GFLOP/s / (3 x {fwd:.2f} GFLOP "
         "forward per image).",

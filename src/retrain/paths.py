@@ -64,6 +64,11 @@ class Paths:
         return self.reports / "validation.json"
 
     @property
+    def validation_verdict(self) -> Path:
+        """Written only when the master passed: which master (sha256 of its annotations.json). Train's DVC dep."""
+        return self.reports / "validated.json"
+
+    @property
     def validation_docs(self) -> Path:
         """The great-expectations Data Docs site (open ``index.html``)."""
         return self.reports / "validation"

@@ -45,6 +45,7 @@ def merged(tmp_path_factory: pytest.TempPathFactory, sample_root: Path) -> Path:
     for b in ("batch-1", "batch-2"):
         run_cli("ingest", sample_root / b, cwd=paths.root, check=True)
     run_cli("merge", cwd=paths.root, check=True)
+    run_cli("validate", cwd=paths.root, check=True)  # training reads only a validated master
     set_train_params(paths.root, **TINY)
     return paths.root
 
@@ -218,6 +219,7 @@ def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: P
     old = init_workspace(tmp_path / "old", remote=str(tmp_path / "remote-old"))
     run_cli("ingest", sample_root / "batch-1", cwd=old.root, check=True)
     run_cli("merge", cwd=old.root, check=True)
+    run_cli("validate", cwd=old.root, check=True)
     set_train_params(old.root, **{**TINY, "epochs": 1})
     assert _train(old.root).returncode == 0
     assert load_model_file(old.candidate / "model.pt").names == ("circle", "square", "triangle")
@@ -248,6 +250,7 @@ def test_a_warm_started_model_beats_scratch_on_the_old_classes_after_one_epoch(t
     old = init_workspace(tmp_path / "old", remote=str(tmp_path / "remote-old"))
     run_cli("ingest", samples / "batch-1", cwd=old.root, check=True)
     run_cli("merge", cwd=old.root, check=True)
+    run_cli("validate", cwd=old.root, check=True)
     set_train_params(old.root, **size, epochs=50)
     assert _train(old.root).returncode == 0
     assert _report(old)["ema"]["mAP50"] > 0.3, _report(old)["ema"]
@@ -257,6 +260,7 @@ def test_a_warm_started_model_beats_scratch_on_the_old_classes_after_one_epoch(t
         for b in ("batch-1", "batch-2"):
             run_cli("ingest", samples / b, cwd=ws.root, check=True)
         run_cli("merge", cwd=ws.root, check=True)
+        run_cli("validate", cwd=ws.root, check=True)
         set_train_params(ws.root, **size, epochs=1, use_champion=kind == "warm", augment={"close_mosaic": 0})
         if kind == "warm":
             _register_champion(ws.root, old.candidate / "model.pt")

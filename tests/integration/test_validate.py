@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -40,6 +41,9 @@ def test_sample_data_passes_with_report_docs_and_drift(workspace: Paths, sample_
     drift = by_rule["drift"][0]  # batch-2 adds a class: its mix differs from batch-1's
     assert isinstance(drift["observed"], float) and drift["observed"] > 0
     assert (workspace.validation_docs / "index.html").is_file()
+    verdict = load_json(workspace.validation_verdict)  # names the master that passed; train's DVC dependency
+    assert verdict == {"master": hashlib.sha256((workspace.master / "annotations.json").read_bytes()).hexdigest(),
+                       "passed": True}
     for table in ("boxes", "images", "classes", "new_boxes"):  # a suite page and a validation page per table
         assert (workspace.validation_docs / "expectations" / f"retrain-{table}.html").is_file()
         assert list((workspace.validation_docs / "validations" / f"retrain-{table}").rglob("*.html"))
@@ -77,6 +81,11 @@ def test_bad_master_stops_dvc_repro_before_training(workspace: Paths, sample_roo
     out = proc.stdout + proc.stderr
     assert "Running stage 'validate'" in out and "Running stage 'train'" not in out, out
     assert not workspace.candidate.exists() and not workspace.train_report.exists()
+    assert not workspace.validation_verdict.exists()
+    # Run by hand, training refuses a master that has not passed validation: one line, exit 1.
+    train = run_cli("train", cwd=ws)
+    assert train.returncode == 1 and "has not passed validation" in train.stderr, train.stderr
+    assert "Traceback" not in train.stderr and not workspace.candidate.exists()
     assert f"batches/batch-1/images/{im['file_name']}: [box-inside-image]" in out
     assert f"batches/batch-1/images/{victim.name}: [image-decodes]" in out
     report = load_json(workspace.validation_report)

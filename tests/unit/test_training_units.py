@@ -139,7 +139,7 @@ def _sample_master(root: Path):
 
 
 def test_persistent_loader_workers_draw_each_epoch_as_a_resumed_run_does(tmp_path: Path):
-    """Epoch N's augmented batches depend on (seed, epoch) only: the same after epochs 0..N-1 as straight after a resume."""
+    """Epoch N's augmented batches depend on (seed, epoch) only: the same after epochs 0..N-1 as after a resume."""
     from retrain.config import AugmentParams
     from retrain.training.data import MasterDataModule
 

@@ -102,12 +102,14 @@ class DetectorModule(pl.LightningModule):
     def configure_optimizers(self) -> Any:
         p = self.params
         decay: list[nn.Parameter] = []
-        no_decay: list[nn.Parameter] = []
+        norm: list[nn.Parameter] = []
+        bias: list[nn.Parameter] = []
         norms = tuple(v for k, v in nn.__dict__.items() if "Norm" in k)
-        for module in self.model.modules():
+        for module in self.model.modules():  # ultralytics' groups: decayed weights, norm weights, biases
             for name, param in module.named_parameters(recurse=False):
-                (no_decay if name == "bias" or isinstance(module, norms) else decay).append(param)
-        groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+                (bias if name == "bias" else norm if isinstance(module, norms) else decay).append(param)
+        groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": norm, "weight_decay": 0.0},
+                  {"params": bias, "weight_decay": 0.0}]
         # fused: one kernel per step for all parameters (CPU and CUDA), where torch's plain default on a CPU is a
         # Python loop over ~450 tensors.
         if p.optimizer == "SGD":
@@ -117,22 +119,26 @@ class DetectorModule(pl.LightningModule):
             opt = torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999), fused=True)
         total = int(self.trainer.estimated_stepping_batches)
         warm = min(round(p.warmup_epochs * total / p.epochs), max(total - 1, 0))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(warm, total, p.lrf, p.schedule))
+        # As ultralytics' trainer: during warm-up the biases' LR falls from warmup_bias_lr, the others' rises from 0.
+        plain = _lr_lambda(warm, total, p.lrf, p.schedule)
+        biases = _lr_lambda(warm, total, p.lrf, p.schedule, start=p.warmup_bias_lr / p.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, [plain, plain, biases])
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-def _lr_lambda(warmup: int, total: int, lrf: float, schedule: str) -> Any:
-    """Linear warm-up over ``warmup`` steps, then cosine or linear decay to ``lrf`` at ``total``.
+def _lr_lambda(warmup: int, total: int, lrf: float, schedule: str, start: float = 0.0) -> Any:
+    """Linear warm-up from ``start`` over ``warmup`` steps, then cosine or linear decay to ``lrf`` at ``total``.
 
     A plain function (not an object), so the scheduler's state dict holds numbers only.
     """
 
     def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
+        t = min(1.0, max(0, step - warmup) / max(1, total - warmup))
         shape = (1 + math.cos(math.pi * t)) / 2 if schedule == "cosine" else 1 - t
-        return lrf + (1 - lrf) * shape
+        target = lrf + (1 - lrf) * shape
+        if warmup and step < warmup:
+            return start + (target - start) * (step + 1) / warmup
+        return target
 
     return factor
 

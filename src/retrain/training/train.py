@@ -124,6 +124,17 @@ def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[s
     return None, {"kind": "scratch"}
 
 
+def _require_validated(paths: Paths, version: str) -> None:
+    """Training reads only a master that ``retrain validate`` passed (``reports/validated.json`` names it)."""
+    try:
+        verdict = json.loads(paths.validation_verdict.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        verdict = {}
+    if verdict.get("master") != version or verdict.get("passed") is not True:
+        raise RetrainError(f"{paths.master}: this master has not passed validation ({paths.validation_verdict} "
+                           "does not name it); run 'retrain validate' (dvc repro runs it before train)")
+
+
 def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The ``DetectionModel`` part of a LightningModule state dict."""
     return {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
@@ -205,6 +216,7 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     torch.set_num_threads(cpu_threads(p))  # importing ultralytics set OMP_NUM_THREADS=1
     keep_freed_memory()  # steady training steps without page faults
     master = load_master(paths.master, paths.data)
+    _require_validated(paths, master.version)
     base, base_info = resolve_base(paths, params)
     fp = fingerprint(master.version, p, base_info)
     resume, meta = find_resume(paths.checkpoints, fp)

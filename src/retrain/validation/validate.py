@@ -7,6 +7,7 @@ the box, image and class tables, then ``reports/validation.json`` and the Data D
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import uuid
@@ -81,7 +82,9 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
     ann_file = paths.master / "annotations.json"
     if not ann_file.is_file():
         raise RetrainError(f"{ann_file}: no master dataset; run 'retrain merge' (or 'dvc repro') first")
-    coco = orjson.loads(ann_file.read_bytes())
+    raw = ann_file.read_bytes()
+    paths.validation_verdict.unlink(missing_ok=True)  # no verdict until this master has passed
+    coco = orjson.loads(raw)
     if not coco["images"]:
         raise RetrainError(f"{ann_file}: the master has no images; ingest a batch, then merge")
     cache = ImageCheckCache(paths.cache / "image-checks.json")
@@ -105,6 +108,11 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
         shutil.rmtree(docs, ignore_errors=True)
     report = ValidationReport(tuple(file_checks(results, coco, params.examples) + checks))
     write_atomic(paths.validation_report, dumps_canonical(report.to_json()))
+    if report.passed:
+        # What training checks, and DVC's train stage depends on: it changes only when the master does, so a
+        # changed validation threshold reruns validate without retraining.
+        write_atomic(paths.validation_verdict, dumps_canonical({"master": hashlib.sha256(raw).hexdigest(),
+                                                                "passed": True}))
     log.info("validation: %d checks, %d warnings, %d failures", len(report.checks), len(report.warned),
              len(report.failed))
     return report
