@@ -113,7 +113,8 @@ class TrainParams(_Section):
     weight_decay: float = Field(default=0.0005, ge=0)
     warmup_epochs: float = Field(default=1.0, ge=0, description="Linear learning-rate warm-up.")
     warmup_bias_lr: float = Field(default=0.1, ge=0, description="Biases' LR at the start of the warm-up, falling "
-                                  "to lr (ultralytics' default); the other LRs rise from 0.")
+                                  "to lr (ultralytics' default; from scratch only: a warm start's biases rise from "
+                                  "0 as the other LRs do).")
     grad_clip: float = Field(default=10.0, ge=0, description="Gradient norm clip; 0 = off.")
     ema_decay: float = Field(default=0.9999, gt=0, lt=1)
     ema_tau: float = Field(default=2000, gt=0, description="EMA warm-up: decay * (1 - exp(-updates / tau)).")

@@ -234,6 +234,7 @@ def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: P
     assert t["kept_classes"] == ["circle", "square", "triangle"] and t["new_classes"] == ["star"]
     assert t["transferred"] > 0.9 * t["total"]
     assert "warm start from" in proc.stderr and "new classes start fresh: star" in proc.stderr, proc.stderr
+    assert "biases warm up from 0" in proc.stderr  # a fitted model's biases get no high warm-up LR
     assert report["epochs"] == 1 and report["resumed_from"] is None  # a warm start is not a resume
 
 
@@ -261,7 +262,8 @@ def test_a_warm_started_model_beats_scratch_on_the_old_classes_after_one_epoch(t
             run_cli("ingest", samples / b, cwd=ws.root, check=True)
         run_cli("merge", cwd=ws.root, check=True)
         run_cli("validate", cwd=ws.root, check=True)
-        set_train_params(ws.root, **size, epochs=1, use_champion=kind == "warm", augment={"close_mosaic": 0})
+        set_train_params(ws.root, **{**size, "epochs": 1, "use_champion": kind == "warm",
+                                     "augment": {"close_mosaic": 0}})
         if kind == "warm":
             _register_champion(ws.root, old.candidate / "model.pt")
         assert _train(ws.root).returncode == 0
