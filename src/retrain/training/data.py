@@ -27,6 +27,7 @@ from ultralytics.data.dataset import YOLODataset
 
 from retrain.config import TrainParams
 from retrain.errors import RetrainError
+from retrain.training.trainer import on_cuda
 from retrain.validation.images import UnsafePath, safe_member
 
 log = logging.getLogger(__name__)
@@ -235,8 +236,7 @@ def loader_workers(params: TrainParams) -> int:
     """
     if params.workers != "auto":
         return params.workers
-    gpu = params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return min(8, len(os.sched_getaffinity(0))) if gpu else 0
+    return min(8, len(os.sched_getaffinity(0))) if on_cuda(params) else 0
 
 
 class MasterDataModule(pl.LightningDataModule):

@@ -130,7 +130,7 @@ def _require_validated(paths: Paths, version: str) -> None:
         verdict = json.loads(paths.validation_verdict.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         verdict = {}
-    if verdict.get("master") != version or verdict.get("passed") is not True:
+    if not isinstance(verdict, dict) or verdict.get("master") != version or verdict.get("passed") is not True:
         raise RetrainError(f"{paths.master}: this master has not passed validation ({paths.validation_verdict} "
                            "does not name it); run 'retrain validate' (dvc repro runs it before train)")
 

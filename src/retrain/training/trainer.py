@@ -31,6 +31,11 @@ def cpu_threads(params: TrainParams) -> int:
     return params.threads or len(os.sched_getaffinity(0))
 
 
+def on_cuda(params: TrainParams) -> bool:
+    """Whether this run trains on a CUDA GPU (the accelerator allows it and one is present)."""
+    return params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
 def keep_freed_memory() -> bool:
     """Ask glibc's malloc to keep freed memory for reuse instead of returning it to the kernel after each step.
 
@@ -57,8 +62,7 @@ def resolve_precision(params: TrainParams) -> str:
     """``auto``: bf16-mixed on a CUDA GPU that supports it, else 32-true."""
     if params.precision != "auto":
         return params.precision
-    on_gpu = params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
+    return "bf16-mixed" if on_cuda(params) and torch.cuda.is_bf16_supported() else "32-true"
 
 
 def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None, cache: Path | None = None) -> bool:
@@ -71,7 +75,7 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
     """
     if params.channels_last != "auto":
         return params.channels_last == "on"
-    if params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
+    if on_cuda(params):
         return True
     if model is None:
         return False
