@@ -139,6 +139,69 @@ def train(project: ProjectOpt = Path(".")) -> None:
 
 
 @app.command()
+def evaluate(project: ProjectOpt = Path(".")) -> None:
+    """Evaluate the champion and the candidate on the master's val images (a DVC stage)."""
+    from retrain.evaluation.evaluate import evaluate_models
+
+    paths, params = _workspace(project)
+    r = evaluate_models(paths, params).report
+    cand = r["candidate"]["metrics"]
+    line = f"candidate: mAP50-95 {cand['mAP50-95']:.4f}, mAP50 {cand['mAP50']:.4f} on {r['images']} val images"
+    if r["champion"]:
+        d = r["delta"]
+        line += (f"; champion (version {r['champion']['version']}): {r['champion']['metrics']['mAP50-95']:.4f}; "
+                 f"delta {d['mAP50-95']:+.4f}, {d['confidence']:.0%} interval [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]")
+    else:
+        line += "; no champion yet"
+    _out(f"{line}; report {paths.eval_markdown}")
+
+
+@app.command()
+def promote(project: ProjectOpt = Path(".")) -> None:
+    """Register the candidate in MLflow (alias challenger); champion moves to it only if the gate passes (DVC stage)."""
+    from retrain.registry.promote import promote as run_promote
+
+    paths, params = _workspace(project)
+    result = run_promote(paths, params)
+    name = params.registry.model_name
+    if result.decision.promote:
+        _out(f"{name} version {result.version} registered and promoted: it is {name}@champion")
+    else:
+        _out(f"{name} version {result.version} registered as {name}@challenger, not promoted:")
+        for reason in result.decision.reasons:
+            _out(f"  - {reason}")
+    for note in result.decision.notes:
+        _out(f"note: {note}")
+
+
+@app.command()
+def rollback(
+    to: Annotated[str | None, typer.Option("--to", help="Version to make champion (default: the previous).")] = None,
+    project: ProjectOpt = Path("."),
+) -> None:
+    """Move the champion alias back to the previous champion (or to --to VERSION)."""
+    from retrain.registry.history import rollback as run_rollback
+    from retrain.registry.tracking import tracking_uri
+
+    paths, params = _workspace(project)
+    r = run_rollback(tracking_uri(paths.root), params.registry.model_name, to)
+    _out(f"{params.registry.model_name}@champion: version {r.previous} -> {r.champion}")
+
+
+@app.command()
+def status(project: ProjectOpt = Path(".")) -> None:
+    """The registry's versions: aliases, data versions, metrics, decisions."""
+    from retrain.registry.history import status as run_status
+    from retrain.registry.history import status_lines
+    from retrain.registry.tracking import tracking_uri
+
+    paths, params = _workspace(project)
+    for line in status_lines(run_status(tracking_uri(paths.root), params.registry.model_name),
+                             params.registry.model_name):
+        _out(line)
+
+
+@app.command()
 def demo(
     workspace: Annotated[Path, typer.Option(help="Workspace folder (made if missing).")] = Path("retrain-demo"),
     batches: Annotated[int, typer.Option(min=1, max=20)] = 2,

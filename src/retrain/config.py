@@ -137,6 +137,36 @@ class TrainParams(_Section):
     augment: AugmentParams = AugmentParams()
 
 
+class EvaluateParams(_Section):
+    """Knobs of ``retrain evaluate``: champion and candidate on the master's val images."""
+
+    conf: float = Field(default=0.001, ge=0, le=1, description="NMS confidence threshold (evaluation setting).")
+    iou: float = Field(default=0.7, gt=0, le=1, description="NMS IoU threshold.")
+    max_det: int = Field(default=300, ge=1, description="Detections kept per image.")
+    batch: int = Field(default=16, ge=1, description="Images per forward pass.")
+    bootstrap: int = Field(default=200, ge=10, le=100_000,
+                           description="Paired bootstrap resamples of the val images for the delta's interval.")
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="Confidence level of that interval.")
+    seed: int = Field(default=0, description="Seeds the bootstrap draws.")
+
+
+class PromoteParams(_Section):
+    """The promotion gate of ``retrain promote`` (``champion`` moves only when every rule holds)."""
+
+    min_map: float = Field(default=0.1, ge=0, le=1,
+                           description="With no champion yet: the first candidate needs this mAP50-95.")
+    min_delta: float = Field(default=0.005, ge=-1, le=1,
+                             description="Candidate minus champion mAP50-95 must be at least this.")
+    max_class_drop: float = Field(default=0.05, ge=0, le=1,
+                                  description="Forgetting guard: no class may lose more AP50-95 than this.")
+    min_class_instances: int = Field(default=5, ge=0, description="Classes with fewer val boxes are reported, "
+                                     "not gated (their AP is too noisy).")
+    max_slice_drop: float = Field(default=0.05, ge=0, le=1,
+                                  description="No origin batch's val images may lose more mAP50-95 than this.")
+    require_significant: bool = Field(default=False,
+                                      description="Also require the bootstrap interval's lower bound above 0.")
+
+
 class RegistryParams(_Section):
     """The MLflow model registry (its URI comes from ``MLFLOW_TRACKING_URI``, default ``mlflow.db``)."""
 
@@ -152,6 +182,8 @@ class Params(_Section):
     # The section is `validate` in params.yaml (the stage's name); `validate` is taken on pydantic models.
     validation: ValidateParams = Field(default=ValidateParams(), alias="validate")
     train: TrainParams = TrainParams()
+    evaluate: EvaluateParams = EvaluateParams()
+    promote: PromoteParams = PromoteParams()
     registry: RegistryParams = RegistryParams()
 
 

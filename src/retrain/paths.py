@@ -97,6 +97,26 @@ class Paths:
         return self.reports / "train" / "metrics.csv"
 
     @property
+    def eval_report(self) -> Path:
+        """``retrain evaluate``'s metrics (DVC metrics): champion, candidate, delta, per class, per slice."""
+        return self.reports / "eval.json"
+
+    @property
+    def eval_markdown(self) -> Path:
+        """The same as a table a person reads."""
+        return self.reports / "eval.md"
+
+    @property
+    def eval_plots(self) -> Path:
+        """Per-class AP and PR-curve PNGs."""
+        return self.reports / "plots"
+
+    @property
+    def promotion_report(self) -> Path:
+        """``retrain promote``'s record: the version registered, the decision and its reasons."""
+        return self.reports / "promotion.json"
+
+    @property
     def cache(self) -> Path:
         """Per-workspace caches that are neither versioned nor tracked (image-check results)."""
         return self.root / ".cache"

@@ -65,6 +65,57 @@ def ground_truth(doc: Mapping[str, Any], split: str | None = "val") -> COCO:
     return gt
 
 
+def run_cocoeval(gt: COCO, detections: Iterable[Mapping[str, Any]]) -> COCOeval | None:
+    """Match ``detections`` to ``gt`` image by image (``COCOeval.evaluate()``), ready to accumulate.
+
+    Args:
+        gt: The ground-truth index.
+        detections: COCO result dicts; may be empty.
+
+    Returns:
+        The evaluated ``COCOeval``; ``None`` when there is nothing to match (no detections or no ground truth).
+    """
+    dets = [dict(d) for d in detections]
+    if not dets or not gt.getAnnIds():
+        return None
+    with contextlib.redirect_stdout(io.StringIO()):
+        ev = COCOeval(gt, gt.loadRes(dets), "bbox")
+        ev.evaluate()
+    return ev
+
+
+def summarize(gt: COCO, ev: COCOeval | None, image_ids: Iterable[int] | None = None) -> CocoMetrics:
+    """Accumulate and summarize an evaluated ``COCOeval`` over all its images or a subset (a slice).
+
+    A subset reuses the per-image matches (``accumulate`` over ``params.imgIds``), as pycocotools intends.
+
+    Args:
+        gt: The ground truth ``ev`` was evaluated against.
+        ev: From :func:`run_cocoeval`; ``None`` scores 0 for every class with ground truth.
+        image_ids: The images to score (default: all).
+
+    Returns:
+        The metrics; -1 where nothing has ground truth.
+    """
+    names = {c["id"]: c["name"] for c in gt.dataset["categories"]}
+    ids = sorted(gt.getImgIds() if image_ids is None else set(image_ids))
+    if ev is None:
+        present = {a["category_id"] for a in gt.loadAnns(gt.getAnnIds(imgIds=ids))}
+        zero = 0.0 if present else -1.0
+        return CocoMetrics(zero, zero, zero, zero, {n: (0.0 if c in present else -1.0) for c, n in names.items()},
+                           len(ids))
+    all_ids = ev.params.imgIds
+    ev.params.imgIds = ids
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ev.accumulate()
+            ev.summarize()
+    finally:
+        ev.params.imgIds = all_ids
+    return CocoMetrics(float(ev.stats[0]), float(ev.stats[1]), float(ev.stats[2]), float(ev.stats[8]),
+                       _per_class(ev, names), len(ids))
+
+
 def evaluate(gt: COCO, detections: Iterable[Mapping[str, Any]]) -> CocoMetrics:
     """Run ``COCOeval`` (bbox) of ``detections`` against ``gt``.
 
@@ -75,21 +126,7 @@ def evaluate(gt: COCO, detections: Iterable[Mapping[str, Any]]) -> CocoMetrics:
     Returns:
         The metrics; all zero when there are no detections.
     """
-    dets = [dict(d) for d in detections]
-    names = {c["id"]: c["name"] for c in gt.dataset["categories"]}
-    n_images = len(gt.getImgIds())
-    if not dets or not gt.getAnnIds():
-        present = {a["category_id"] for a in gt.dataset["annotations"]}
-        return CocoMetrics(0.0, 0.0, 0.0, 0.0, {n: (0.0 if c in present else -1.0) for c, n in names.items()},
-                           n_images)
-    with contextlib.redirect_stdout(io.StringIO()):
-        dt = gt.loadRes(dets)
-        ev = COCOeval(gt, dt, "bbox")
-        ev.evaluate()
-        ev.accumulate()
-        ev.summarize()
-    return CocoMetrics(float(ev.stats[0]), float(ev.stats[1]), float(ev.stats[2]), float(ev.stats[8]),
-                       _per_class(ev, names), n_images)
+    return summarize(gt, run_cocoeval(gt, detections))
 
 
 def _per_class(ev: COCOeval, names: Mapping[int, str]) -> dict[str, float]:

@@ -22,7 +22,8 @@ def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], 
         preds: The model's eval-mode output (decoded predictions, or a tuple whose first item is).
         batch: The collated batch (``img``, ``ori_shape``, ``ratio_pad``).
         image_ids: COCO image id of each image in the batch.
-        category_ids: COCO category id of each class index.
+        category_ids: COCO category id of each class index; a negative id drops that class's detections (a
+            champion's class the master no longer has).
         conf: Confidence threshold.
         iou: NMS IoU threshold.
         max_det: Detections kept per image.
@@ -40,6 +41,8 @@ def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], 
                                                 ratio_pad=batch["ratio_pad"][i]))
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).cpu().tolist()
         for box, score, cls in zip(xywh, d[:, 4].cpu().tolist(), d[:, 5].cpu().tolist(), strict=True):
+            if category_ids[int(cls)] < 0:
+                continue
             dets.append({"image_id": int(image_ids[i]), "category_id": int(category_ids[int(cls)]),
                          "bbox": [round(v, 3) for v in box], "score": round(float(score), 5)})
     return dets

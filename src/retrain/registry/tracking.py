@@ -12,6 +12,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from retrain.errors import RetrainError
 
@@ -29,6 +30,29 @@ def tracking_uri(root: Path) -> str:
 def artifact_root(root: Path) -> str:
     """Artifact location for experiments made in the embedded default store."""
     return (root.resolve() / "mlartifacts").as_uri()
+
+
+def client(uri: str) -> Any:
+    """An ``MlflowClient`` on ``uri`` for both tracking and the registry."""
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def current_champion(mc: Any, model_name: str) -> str | None:
+    """The version behind ``<model_name>@champion``; ``None`` when there is no such model or alias.
+
+    Raises:
+        RetrainError: The registry cannot be reached.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(mc.get_model_version_by_alias(model_name, CHAMPION).version)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return None
+        raise RetrainError(f"model registry: cannot read {model_name}@{CHAMPION} ({e.message})") from e
 
 
 @dataclass(frozen=True)
@@ -55,24 +79,18 @@ def champion(uri: str, model_name: str, dest: Path) -> Champion | None:
     Raises:
         RetrainError: The registry cannot be reached, or the champion has no retrain model file.
     """
-    from mlflow import MlflowClient
     from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    try:
-        mv = client.get_model_version_by_alias(model_name, CHAMPION)
-    except MlflowException as e:
-        if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
-        raise RetrainError(f"model registry {uri}: cannot read {model_name}@{CHAMPION} ({e.message})") from e
+    version = current_champion(client(uri), model_name)
+    if version is None:
+        return None
     shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
-    where = dest / f"v{mv.version}"
+    where = dest / f"v{version}"
     where.mkdir(parents=True)
-    local = Path(download_artifacts(artifact_uri=f"models:/{model_name}/{mv.version}", dst_path=str(where),
+    local = Path(download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(where),
                                     tracking_uri=uri))
     found = sorted(local.rglob(WEIGHTS_NAME))
     if not found:
-        raise RetrainError(f"model registry: {model_name} version {mv.version} has no {WEIGHTS_NAME}")
-    log.info("champion: %s version %s", model_name, mv.version)
-    return Champion(str(mv.version), found[0])
+        raise RetrainError(f"model registry: {model_name} version {version} has no {WEIGHTS_NAME}")
+    log.info("champion: %s version %s", model_name, version)
+    return Champion(version, found[0])

@@ -262,11 +262,13 @@ class MasterDataModule(pl.LightningDataModule):
                              stride=32, pad=0.0 if augment else 0.5)
 
     def setup(self, stage: str) -> None:
-        if self.train_set is not None:
+        """``fit``: train and val sets; ``validate``: the val set only (``retrain evaluate``)."""
+        if self.val_set is not None and (self.train_set is not None or stage == "validate"):
             return
-        cache = choose_cache(self.params.cache, self.master.doc["images"], self.params.imgsz,
-                             int(self.params.workers))
-        self.train_set = self._dataset("train", True, cache)
+        images = self.master.doc["images"] if stage == "fit" else self.master.images("val")
+        cache = choose_cache(self.params.cache, images, self.params.imgsz, int(self.params.workers))
+        if stage == "fit":
+            self.train_set = self._dataset("train", True, cache)
         self.val_set = self._dataset("val", False, cache)
         self.val_image_ids = {lb["im_file"]: im["id"] for lb, im in
                               zip(self.val_set.labels, self.master.images("val"), strict=True)}

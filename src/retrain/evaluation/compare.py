@@ -1,0 +1,98 @@
+"""The promotion gate: a pure function of two models' metrics and the gate params (no I/O).
+
+``decide`` says whether the candidate replaces the champion, and gives every rule that failed as a
+reason in plain words.  Rules (all must hold): the mAP50-95 delta reaches ``min_delta``; no class with
+enough val boxes loses more than ``max_class_drop`` AP (the forgetting guard); no origin batch's val
+images lose more than ``max_slice_drop``; optionally the bootstrap interval's lower bound is above 0.
+With no champion, the candidate needs ``min_map``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from retrain.config import PromoteParams
+
+
+@dataclass(frozen=True)
+class ModelMetrics:
+    """What the gate reads of one model's evaluation.
+
+    Attributes:
+        map: mAP50-95 on all val images.
+        per_class: Class name -> AP50-95 (-1: no ground truth).
+        slices: Origin batch -> mAP50-95 on its val images (-1: no ground truth).
+        instances: Class name -> val boxes (the same for both models: the same images).
+        delta_ci: For the candidate: the bootstrap interval ``(low, high)`` of candidate-minus-champion mAP50-95.
+    """
+
+    map: float
+    per_class: Mapping[str, float] = field(default_factory=dict)
+    slices: Mapping[str, float] = field(default_factory=dict)
+    instances: Mapping[str, int] = field(default_factory=dict)
+    delta_ci: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The gate's verdict.
+
+    Attributes:
+        promote: Whether ``champion`` moves to the candidate.
+        reasons: Every failed rule in plain words (empty when promoted).
+        notes: What was reported but not gated (classes with too few val boxes).
+    """
+
+    promote: bool
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: PromoteParams) -> Decision:
+    """Whether the candidate should become the champion.
+
+    Args:
+        champion: The champion's metrics on the val images; ``None`` when there is no champion yet.
+        candidate: The candidate's metrics on the same images (with ``delta_ci`` when there is a champion).
+        gate: The ``promote`` params.
+
+    Returns:
+        The decision with its reasons.
+    """
+    if champion is None:
+        if candidate.map >= gate.min_map:
+            return Decision(True, ())
+        return Decision(False, (f"first model: mAP50-95 {candidate.map:.4f} is below min_map {gate.min_map:.4f}",))
+    reasons: list[str] = []
+    notes: list[str] = []
+    delta = candidate.map - champion.map
+    if delta < gate.min_delta:
+        reasons.append(f"mAP50-95 {candidate.map:.4f} vs champion {champion.map:.4f}: delta {delta:+.4f} is below "
+                       f"min_delta {gate.min_delta:+.4f}")
+    for name, old in sorted(champion.per_class.items()):
+        new = candidate.per_class.get(name, 0.0)
+        if old < 0 or new < 0:
+            continue  # no ground truth for this class in val
+        drop = old - new
+        if drop <= gate.max_class_drop:
+            continue
+        boxes = candidate.instances.get(name, 0)
+        if boxes < gate.min_class_instances:
+            notes.append(f"class {name}: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} val boxes "
+                         f"(min_class_instances {gate.min_class_instances})")
+        else:
+            reasons.append(f"forgetting: class {name} AP50-95 fell {old:.4f} -> {new:.4f} ({-drop:+.4f}; "
+                           f"max_class_drop {gate.max_class_drop:.4f})")
+    for name, old in sorted(champion.slices.items()):
+        new = candidate.slices.get(name, -1.0)
+        if old >= 0 and new >= 0 and old - new > gate.max_slice_drop:
+            reasons.append(f"slice {name}: mAP50-95 fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; "
+                           f"max_slice_drop {gate.max_slice_drop:.4f})")
+    if gate.require_significant:
+        if candidate.delta_ci is None:
+            reasons.append("require_significant: no bootstrap interval for the delta")
+        elif candidate.delta_ci[0] <= 0:
+            low, high = candidate.delta_ci
+            reasons.append(f"not significant: the delta's interval [{low:+.4f}, {high:+.4f}] does not lie above 0")
+    return Decision(not reasons, tuple(reasons), tuple(notes))

@@ -1,0 +1,111 @@
+"""``retrain rollback`` and ``retrain status``: the champion's history, and the registry at a glance."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from retrain.errors import RetrainError
+from retrain.registry.promote import CHALLENGER, TAG, record_champion_move
+from retrain.registry.tracking import CHAMPION, client, current_champion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """A rollback done.
+
+    Attributes:
+        previous: The version that was champion.
+        champion: The version that is champion now.
+    """
+
+    previous: str
+    champion: str
+
+
+def rollback(uri: str, name: str, to: str | None = None) -> Rollback:
+    """Move ``champion`` back: to ``to``, else to the champion the current one replaced (its parent version).
+
+    Args:
+        uri: Tracking URI.
+        name: Registered model name.
+        to: The version to make champion (default: the previous champion).
+
+    Returns:
+        What moved.
+
+    Raises:
+        RetrainError: No champion, no previous champion, or ``to`` is not a version of the model.
+    """
+    from mlflow.exceptions import MlflowException
+
+    mc = client(uri)
+    now = current_champion(mc, name)
+    if now is None:
+        raise RetrainError(f"model registry: {name} has no champion; nothing to roll back")
+    target = to
+    if target is None:
+        parent = mc.get_model_version(name, now).tags.get(f"{TAG}parent_version", "none")
+        if parent == "none":
+            raise RetrainError(f"model registry: {name} version {now} was the first champion; there is no previous "
+                               "one (use --to VERSION)")
+        target = parent
+    try:
+        mc.get_model_version(name, target)
+    except MlflowException as e:
+        raise RetrainError(f"model registry: {name} has no version {target} ({e.message})") from e
+    if target == now:
+        raise RetrainError(f"model registry: version {now} is already {name}@{CHAMPION}")
+    mc.set_model_version_tag(name, now, f"{TAG}rolled_back", "true")
+    mc.set_registered_model_alias(name, CHAMPION, target)
+    record_champion_move(mc, name, {"champion": target, "from": now, "by": "rollback"})
+    log.info("%s@%s: version %s -> %s (rollback)", name, CHAMPION, now, target)
+    return Rollback(now, target)
+
+
+def status(uri: str, name: str) -> list[dict[str, Any]]:
+    """Every version of the model, newest first: aliases, data version, metrics, decision.
+
+    Raises:
+        RetrainError: The registry cannot be read.
+    """
+    from mlflow.exceptions import MlflowException
+
+    mc = client(uri)
+    try:
+        versions = mc.search_model_versions(f"name = '{name}'")
+    except MlflowException as e:
+        raise RetrainError(f"model registry: cannot list {name} ({e.message})") from e
+    aliases: dict[str, list[str]] = {}
+    if versions:  # search results carry no aliases in every store; the registered model has them all
+        for alias, version in mc.get_registered_model(name).aliases.items():
+            aliases.setdefault(str(version), []).append(alias)
+    rows = []
+    for mv in sorted(versions, key=lambda v: int(v.version), reverse=True):
+        t = mv.tags
+        rows.append({"version": str(mv.version), "aliases": sorted(aliases.get(str(mv.version), [])),
+                     "data_version": t.get(f"{TAG}data_version", "")[:12],
+                     "data_dvc_md5": t.get(f"{TAG}data_dvc_md5", ""), "git_rev": t.get(f"{TAG}git_rev", "")[:10],
+                     "mAP50-95": t.get(f"{TAG}metric.mAP50-95", ""), "mAP50": t.get(f"{TAG}metric.mAP50", ""),
+                     "decision": t.get(f"{TAG}decision", ""), "parent": t.get(f"{TAG}parent_version", ""),
+                     "rolled_back": t.get(f"{TAG}rolled_back", "") == "true",
+                     "created": mv.creation_timestamp})
+    return rows
+
+
+def status_lines(rows: list[dict[str, Any]], name: str) -> list[str]:
+    """``rows`` as an aligned table for the terminal."""
+    if not rows:
+        return [f"{name}: no versions registered yet"]
+    head = ("version", "aliases", "data", "dvc md5", "git", "mAP50-95", "mAP50", "decision", "parent")
+    table = [head] + [(r["version"], ",".join(r["aliases"]) or "-", r["data_version"], r["data_dvc_md5"][:12],
+                       r["git_rev"], r["mAP50-95"][:6], r["mAP50"][:6],
+                       r["decision"] + (" (rolled back)" if r["rolled_back"] else ""), r["parent"]) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    champion = next((r["version"] for r in rows if CHAMPION in r["aliases"]), "none")
+    challenger = next((r["version"] for r in rows if CHALLENGER in r["aliases"]), "none")
+    return [f"{name}: champion version {champion}, challenger version {challenger}",
+            *("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)]

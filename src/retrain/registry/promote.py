@@ -1,0 +1,286 @@
+"""``retrain promote``, ``rollback`` and ``status``: the only code that writes the MLflow model registry.
+
+Promote logs the candidate as a pyfunc model (weights, class names, imgsz) in its training run, registers it
+as a new version of the registered model with its lineage as tags (data version, git revision, params hash,
+parent version, metrics, decision and reasons), and then, last, moves the aliases: ``challenger`` always,
+``champion`` only when the gate says so.  A failure before that leaves ``champion`` where it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain.config import Params
+from retrain.errors import RetrainError
+from retrain.evaluation.compare import Decision, ModelMetrics, decide
+from retrain.fsutil import dumps_canonical, write_atomic
+from retrain.paths import Paths
+from retrain.registry.tracking import CHAMPION, WEIGHTS_NAME, client, current_champion, tracking_uri
+from retrain.workspace import require_workspace
+
+log = logging.getLogger(__name__)
+
+CHALLENGER = "challenger"
+TAG = "retrain."
+HISTORY_TAG = "retrain.champion_history"  # registered-model tag: the champion's moves, newest last
+
+
+@dataclass(frozen=True)
+class PromotionResult:
+    """A registered candidate.
+
+    Attributes:
+        version: Its model version.
+        decision: The gate's decision.
+        report: What ``reports/promotion.json`` holds.
+    """
+
+    version: str
+    decision: Decision
+    report: dict[str, Any]
+
+
+def metrics_from_report(report: dict[str, Any]) -> tuple[ModelMetrics | None, ModelMetrics]:
+    """The gate's view of ``reports/eval.json``: (champion or None, candidate)."""
+
+    def view(m: dict[str, Any], ci: tuple[float, float] | None = None) -> ModelMetrics:
+        return ModelMetrics(float(m["mAP50-95"]), dict(m["per_class"]),
+                            {k: float(v["mAP50-95"]) for k, v in m["slices"].items()},
+                            dict(report["instances"]), ci)
+
+    delta = report.get("delta") or {}
+    ci = tuple(delta["ci"]) if delta.get("ci") else None
+    champ = report.get("champion")
+    return (view(champ["metrics"]) if champ else None), view(report["candidate"]["metrics"], ci)
+
+
+def data_lineage(root: Path) -> dict[str, str]:
+    """DVC's md5 of ``data/master`` (from ``dvc.lock``) and the workspace's git revision."""
+    import yaml
+
+    md5 = "not in dvc.lock"
+    lock = root / "dvc.lock"
+    if lock.is_file():
+        doc = yaml.safe_load(lock.read_text(encoding="utf-8")) or {}
+        for out in ((doc.get("stages") or {}).get("merge") or {}).get("outs") or []:
+            if out.get("path") == "data/master":
+                md5 = str(out.get("md5"))
+    git = ["git", "-C", str(root)]
+    rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    return {"data_dvc_md5": md5, "git_rev": rev or "none", "git_dirty": str(bool(dirty)).lower()}
+
+
+def params_hash(params: Params) -> str:
+    """sha256 (16 hex) of every param, canonical JSON."""
+    text = json.dumps(params.model_dump(mode="json", by_alias=True), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise RetrainError(f"{path}: no {what}; run 'dvc repro' (or 'retrain {what.split()[0]}') first") from e
+    except (OSError, ValueError) as e:
+        raise RetrainError(f"{path}: cannot read the {what} ({e})") from e
+    if not isinstance(doc, dict):
+        raise RetrainError(f"{path}: the {what} is not a JSON object")
+    return doc
+
+
+def promote(paths: Paths, params: Params) -> PromotionResult:
+    """Register the candidate as a new model version; move ``champion`` to it only when the gate passes.
+
+    Args:
+        paths: The workspace.
+        params: All params (``promote`` is the gate, ``registry`` names the model).
+
+    Returns:
+        The version, the decision and the report written to ``reports/promotion.json``.
+
+    Raises:
+        RetrainError: No evaluation or candidate, an evaluation of another candidate or champion, or the
+            registry cannot be written (``champion`` has not moved then).
+    """
+    from retrain.training.data import load_master
+
+    require_workspace(paths)
+    evaluation = _read_json(paths.eval_report, "evaluate report")
+    train = _read_json(paths.train_report, "train report")
+    weights = paths.candidate / WEIGHTS_NAME
+    master = load_master(paths.master, paths.data)
+    if evaluation.get("data_version") != master.version or train.get("data_version") != master.version:
+        raise RetrainError(f"{paths.eval_report}: evaluated on another master than data/master; run "
+                           "'retrain evaluate' again (dvc repro does)")
+    if not weights.is_file():
+        raise RetrainError(f"{weights}: no candidate; run 'retrain train' first")
+    uri, name = tracking_uri(paths.root), params.registry.model_name
+    mc = client(uri)
+    parent = current_champion(mc, name)
+    evaluated = (evaluation.get("champion") or {}).get("version")
+    if parent != evaluated:
+        raise RetrainError(f"registry: {name}@{CHAMPION} is version {parent or 'none'} but the evaluation compared "
+                           f"against {evaluated or 'none'}; run 'retrain evaluate' again")
+    champ_metrics, cand_metrics = metrics_from_report(evaluation)
+    decision = decide(champ_metrics, cand_metrics, params.promote)
+    tags = _lineage_tags(paths, params, evaluation, train, parent, decision)
+    version = _register(uri, name, params.registry.experiment, weights, paths, train, tags,
+                        _eval_metrics(evaluation))
+    _move_aliases(mc, name, version, parent, decision)  # last: every failure above leaves champion untouched
+    report = {"model": name, "version": version, "promoted": decision.promote, "reasons": list(decision.reasons),
+              "notes": list(decision.notes), "parent_version": parent, "champion": version if decision.promote
+              else parent, "tags": tags, "tracking_uri": _redact(uri)}
+    write_atomic(paths.promotion_report, dumps_canonical(report))
+    return PromotionResult(version, decision, report)
+
+
+def _eval_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
+    """The evaluation's headline numbers as run metrics (``eval/candidate/mAP50-95`` ...)."""
+    out = {f"eval/candidate/{k}": float(evaluation["candidate"]["metrics"][k]) for k in ("mAP50-95", "mAP50")}
+    if evaluation.get("champion"):
+        out |= {f"eval/champion/{k}": float(evaluation["champion"]["metrics"][k]) for k in ("mAP50-95", "mAP50")}
+        out["eval/delta/mAP50-95"] = float(evaluation["delta"]["mAP50-95"])
+    return out
+
+
+def _redact(uri: str) -> str:
+    """A URI without its password (``user:secret@host`` -> ``user:***@host``): no secrets in reports."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return uri
+
+
+def _lineage_tags(paths: Paths, params: Params, evaluation: dict[str, Any], train: dict[str, Any],
+                  parent: str | None, decision: Decision) -> dict[str, str]:
+    cand = evaluation["candidate"]["metrics"]
+    tags = {
+        "data_version": str(evaluation["data_version"]), **data_lineage(paths.root),
+        "params_hash": params_hash(params), "train_params_hash": str(train.get("params_hash")),
+        "parent_version": parent or "none", "warm_start": json.dumps(train.get("warm_start"), sort_keys=True),
+        "train_run_id": str(train.get("mlflow_run_id")),
+        "decision": "promote" if decision.promote else "reject",
+        "reasons": "; ".join(decision.reasons) or "every rule of the gate holds",
+        "classes": ",".join(evaluation["candidate"]["classes"]),
+        **{f"metric.{k}": f"{cand[k]:.6f}" for k in ("mAP50-95", "mAP50", "mAP75", "AR100")},
+    }
+    delta = evaluation.get("delta")
+    if delta:
+        tags["metric.delta_mAP50-95"] = f"{delta['mAP50-95']:.6f}"
+        if delta.get("ci"):
+            tags["metric.delta_ci"] = f"[{delta['ci'][0]:.6f}, {delta['ci'][1]:.6f}]"
+    return {f"{TAG}{k}": v[:5000] for k, v in tags.items()}
+
+
+def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths, train: dict[str, Any],
+              tags: dict[str, str], metrics: dict[str, float]) -> str:
+    """Log the pyfunc model (in the training run when this store has it) and register it; returns the version."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths)
+        with mlflow.start_run(run_id=run_id):
+            info = mlflow.pyfunc.log_model(
+                name="model", python_model=str(Path(__file__).with_name("serving.py")),
+                artifacts={"weights": str(weights)}, signature=_signature(), pip_requirements=_requirements(),
+                metadata={"retrain": {"classes": train.get("classes"), "data_version": train.get("data_version")}})
+            for report in (paths.eval_report, paths.eval_markdown):
+                mlflow.log_artifact(str(report), artifact_path="evaluation")
+            if paths.eval_plots.is_dir():
+                mlflow.log_artifacts(str(paths.eval_plots), artifact_path="evaluation/plots")
+            mlflow.log_metrics(metrics)
+        _ensure_registered_model(mlflow.MlflowClient(uri, uri), name)
+        mv = mlflow.register_model(info.model_uri, name, tags=tags)
+    except MlflowException as e:
+        raise RetrainError(f"model registry {_redact(uri)}: cannot register {name} ({e.message}); "
+                           f"{name}@{CHAMPION} has not moved") from e
+    finally:
+        mlflow.set_tracking_uri(previous[0])
+        mlflow.set_registry_uri(previous[1])
+    return str(mv.version)
+
+
+def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths) -> str:
+    """The training run when this store has it (the version then links to its curves), else a new run."""
+    from mlflow.exceptions import MlflowException
+
+    from retrain.registry.tracking import artifact_root
+
+    try:
+        mc.get_run(train_run)
+        return train_run
+    except MlflowException:
+        exp = mc.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else mc.create_experiment(experiment, artifact_root(paths.root))
+        return str(mc.create_run(exp_id, tags={"mlflow.runName": "promote (training run not in this store)"})
+                   .info.run_id)
+
+
+def _ensure_registered_model(mc: Any, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mc.get_registered_model(name)
+    except MlflowException:
+        mc.create_registered_model(name, description="retrain's detector: champion = in production")
+
+
+def _signature() -> Any:
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    from retrain.registry.pyfunc import DEFAULT_PARAMS
+
+    out = Schema([ColSpec("long", "image"), *(ColSpec("double", c) for c in ("x_min", "y_min", "x_max", "y_max",
+                                                                             "score")),
+                  ColSpec("long", "class_id"), ColSpec("string", "class_name")])
+    params = ParamSchema([ParamSpec("conf", "double", DEFAULT_PARAMS["conf"]),
+                          ParamSpec("iou", "double", DEFAULT_PARAMS["iou"]),
+                          ParamSpec("max_det", "long", DEFAULT_PARAMS["max_det"])])
+    return ModelSignature(inputs=Schema([ColSpec("binary", "image")]), outputs=out, params=params)
+
+
+def _requirements() -> list[str]:
+    """Pinned to this environment (never inferred: that would load the model in a subprocess)."""
+    from importlib.metadata import version
+
+    return [f"{pkg}=={version(pkg).split('+')[0]}" for pkg in
+            ("retrain", "mlflow", "torch", "torchvision", "ultralytics", "pandas", "pillow")]
+
+
+def _move_aliases(mc: Any, name: str, version: str, parent: str | None, decision: Decision) -> None:
+    mc.set_registered_model_alias(name, CHALLENGER, version)
+    if decision.promote:
+        mc.set_registered_model_alias(name, CHAMPION, version)
+        record_champion_move(mc, name, {"champion": version, "from": parent, "by": "promote"})
+        log.info("%s version %s is the champion (was %s)", name, version, parent or "none")
+    else:
+        log.info("%s version %s registered as challenger, not promoted: %s", name, version,
+                 "; ".join(decision.reasons))
+
+
+def record_champion_move(mc: Any, name: str, entry: dict[str, Any]) -> None:
+    """Append to the champion's history (a registered-model tag, the last 50 moves)."""
+    history = json.loads(mc.get_registered_model(name).tags.get(HISTORY_TAG, "[]"))
+    history.append({**entry, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    text = json.dumps(history[-50:])
+    while len(text) > 4900:  # the tag value limit
+        history = history[1:]
+        text = json.dumps(history[-50:])
+    mc.set_registered_model_tag(name, HISTORY_TAG, text)

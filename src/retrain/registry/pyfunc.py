@@ -1,0 +1,74 @@
+"""The registered model as an MLflow pyfunc: images in, boxes, scores and classes out.
+
+The version's artifacts are the retrain model file (``weights``: state dict + yaml + class names + imgsz,
+loaded with ``weights_only=True``) and, as MLflow's models-from-code, ``serving.py``, which only names
+this class: nothing of the model is unpickled when it is loaded or served.
+
+Input: a DataFrame with an ``image`` column of encoded image bytes (JPEG, PNG ...; base64 in JSON, as MLflow
+decodes ``binary`` columns).  Output: one row per detection: ``image`` (row of the input), ``x_min``,
+``y_min``, ``x_max``, ``y_max`` (pixels of the original image), ``score``, ``class_id``, ``class_name``.
+Params (optional, per request): ``conf`` (0.25), ``iou`` (0.7), ``max_det`` (300).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from mlflow.pyfunc import PythonModel
+
+COLUMNS = ("image", "x_min", "y_min", "x_max", "y_max", "score", "class_id", "class_name")
+DEFAULT_PARAMS: dict[str, Any] = {"conf": 0.25, "iou": 0.7, "max_det": 300}
+
+
+def _decode(value: Any) -> np.ndarray:
+    """Encoded image bytes (or base64 text) -> RGB uint8 array; PIL's decompression-bomb limit stays on."""
+    from PIL import Image
+
+    data = base64.b64decode(value) if isinstance(value, str) else bytes(value)
+    with Image.open(io.BytesIO(data)) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+class DetectorModel(PythonModel):
+    """A retrain detector behind MLflow's pyfunc interface."""
+
+    def load_context(self, context: Any) -> None:
+        from pathlib import Path
+
+        from retrain.training.weights import load_model_file
+
+        mf = load_model_file(Path(context.artifacts["weights"]))
+        self.names = mf.names
+        self.imgsz = mf.imgsz
+        self.net = mf.build().eval()
+
+    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        import torch
+        from ultralytics.data.augment import LetterBox
+
+        from retrain.evaluation.predict import postprocess
+
+        p = {**DEFAULT_PARAMS, **(params or {})}
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame({"image": list(model_input)})
+        rows: list[tuple[Any, ...]] = []
+        letterbox = LetterBox(new_shape=(self.imgsz, self.imgsz), auto=False)  # as ultralytics' predictor
+        for i, value in enumerate(frame["image"]):
+            img = _decode(value)
+            boxed = letterbox(image=img)
+            assert isinstance(boxed, np.ndarray)  # image only in, image only out
+            tensor = torch.from_numpy(np.ascontiguousarray(boxed.transpose(2, 0, 1)))[None].float() / 255
+            batch = {"img": tensor, "ori_shape": [img.shape[:2]], "ratio_pad": [None]}
+            with torch.no_grad():
+                dets = postprocess(self.net(tensor), batch, [i], list(range(len(self.names))), float(p["conf"]),
+                                   float(p["iou"]), int(p["max_det"]))
+            for d in dets:
+                x, y, w, h = d["bbox"]
+                c = int(d["category_id"])
+                rows.append((i, x, y, x + w, y + h, d["score"], c, self.names[c]))
+        out = pd.DataFrame(rows, columns=list(COLUMNS))
+        return out.astype({"image": "int64", "x_min": "float64", "y_min": "float64", "x_max": "float64",
+                           "y_max": "float64", "score": "float64", "class_id": "int64", "class_name": "str"})
