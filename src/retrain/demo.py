@@ -49,12 +49,16 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
         commit(paths, f"retrain: batch {result.name}, data {master_version(paths)[:12]}")
         dvc(["push", "-q"], paths.root, "dvc push")
         report = yaml.safe_load(paths.merge_report.read_text(encoding="utf-8"))["totals"]
+        promotion = yaml.safe_load(paths.promotion_report.read_text(encoding="utf-8"))
+        score = yaml.safe_load(paths.eval_report.read_text(encoding="utf-8"))["candidate"]["metrics"]["mAP50-95"]
+        verdict = f"v{promotion['version']} " + ("champion" if promotion["promoted"] else "challenger")
         rows.append((result.name, "added" if result.added else "same", master_version(paths)[:12],
-                     report["images"], report["boxes"], report["classes"]))
-    yield f"{'batch':<10} {'ingest':<7} {'data version':<13} {'images':>6} {'boxes':>6} {'classes':>7}"
+                     report["images"], report["boxes"], report["classes"], f"{score:.3f}", verdict))
+    yield (f"{'batch':<10} {'ingest':<7} {'data version':<13} {'images':>6} {'boxes':>6} {'classes':>7} "
+           f"{'mAP50-95':>8}  registry")
     for r in rows:
-        yield f"{r[0]:<10} {r[1]:<7} {r[2]:<13} {r[3]:>6} {r[4]:>6} {r[5]:>7}"
+        yield f"{r[0]:<10} {r[1]:<7} {r[2]:<13} {r[3]:>6} {r[4]:>6} {r[5]:>7} {r[6]:>8}  {r[7]}"
     yield f"master: {paths.master}  report: {paths.merge_report}"
     status = dvc(["status", "-q"], paths.root, "dvc status").strip()
     yield "dvc status: " + (status or "clean")
-    yield f"look at it: cd {paths.root} && git log --oneline && dvc metrics show && dvc dag"
+    yield f"look at it: cd {paths.root} && git log --oneline && dvc metrics show && retrain status"

@@ -190,15 +190,18 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
     import mlflow
     from mlflow.exceptions import MlflowException
 
+    from retrain.registry.pyfunc import example_input
+
     previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     try:
-        run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths)
+        run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths, uri)
         with mlflow.start_run(run_id=run_id):
             info = mlflow.pyfunc.log_model(
                 name="model", python_model=str(Path(__file__).with_name("serving.py")),
-                artifacts={"weights": str(weights)}, signature=_signature(), pip_requirements=_requirements(),
+                artifacts={"weights": str(weights)}, signature=_signature(), input_example=example_input(),
+                pip_requirements=_requirements(),
                 metadata={"retrain": {"classes": train.get("classes"), "data_version": train.get("data_version")}})
             for report in (paths.eval_report, paths.eval_markdown):
                 mlflow.log_artifact(str(report), artifact_path="evaluation")
@@ -216,7 +219,7 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
     return str(mv.version)
 
 
-def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths) -> str:
+def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths, uri: str) -> str:
     """The training run when this store has it (the version then links to its curves), else a new run."""
     from mlflow.exceptions import MlflowException
 
@@ -227,7 +230,7 @@ def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths) -> str:
         return train_run
     except MlflowException:
         exp = mc.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else mc.create_experiment(experiment, artifact_root(paths.root))
+        exp_id = exp.experiment_id if exp else mc.create_experiment(experiment, artifact_root(paths.root, uri))
         return str(mc.create_run(exp_id, tags={"mlflow.runName": "promote (training run not in this store)"})
                    .info.run_id)
 

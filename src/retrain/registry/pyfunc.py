@@ -46,7 +46,13 @@ class DetectorModel(PythonModel):
         self.imgsz = mf.imgsz
         self.net = mf.build().eval()
 
-    def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+    # No type hints here: MLflow reads predict's hints as an input schema; the logged signature is the schema.
+    def predict(self, context, model_input, params=None):
+        """Detections of every image of ``model_input`` (see the module docstring)."""
+        return self.detect(model_input, params)
+
+    def detect(self, model_input: Any, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """``predict``'s work, typed."""
         import torch
         from ultralytics.data.augment import LetterBox
 
@@ -72,3 +78,13 @@ class DetectorModel(PythonModel):
         out = pd.DataFrame(rows, columns=list(COLUMNS))
         return out.astype({"image": "int64", "x_min": "float64", "y_min": "float64", "x_max": "float64",
                            "y_max": "float64", "score": "float64", "class_id": "int64", "class_name": "str"})
+
+
+def example_input() -> pd.DataFrame:
+    """A one-image request (a small grey JPEG): MLflow runs it through the model when logging and stores it as
+    the model's serving example."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (114, 114, 114)).save(buf, format="JPEG")
+    return pd.DataFrame({"image": [buf.getvalue()]})

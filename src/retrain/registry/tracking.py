@@ -27,8 +27,14 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{root.resolve() / 'mlflow.db'}"
 
 
-def artifact_root(root: Path) -> str:
-    """Artifact location for experiments made in the embedded default store."""
+def artifact_root(root: Path, uri: str) -> str | None:
+    """Artifact location for experiments made in a local store (``mlartifacts/`` in the workspace).
+
+    ``None`` for a tracking server: it decides (``--artifacts-destination``, S3 ...), so that every machine
+    reads the artifacts through it rather than from a path on the machine that made the experiment.
+    """
+    if uri.split(":", 1)[0] in ("http", "https", "databricks"):
+        return None
     return (root.resolve() / "mlartifacts").as_uri()
 
 

@@ -169,7 +169,7 @@ def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | Non
         table.experiment.metrics[:0] = kept
     mlf = MLFlowLogger(experiment_name=params.registry.experiment, tracking_uri=tracking_uri(paths.root),
                        run_name=f"train data {fp['data_version'][:12]}", run_id=run_id,
-                       artifact_location=artifact_root(paths.root),
+                       artifact_location=artifact_root(paths.root, tracking_uri(paths.root)),
                        tags={"retrain.stage": "train", "retrain.data_version": fp["data_version"],
                              "retrain.params_hash": fp["params"]})
     return [mlf, table]

@@ -1,0 +1,300 @@
+"""`retrain evaluate` / `promote` / `rollback` / `status` for real: DVC, MLflow (sqlite, and a real server over
+HTTP), serving with `mlflow models serve`.
+
+One model is trained (by `dvc repro`) on 2 generated batches of 40 images; the other candidates are that model
+with some classes collapsed (their class-score biases pushed to -30: they never fire), which makes "better overall
+but one class forgotten" exact rather than hoped for.  Every CLI call is a real process.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from retrain.paths import Paths
+from retrain.training.weights import ModelFile, load_model_file, save_model_file
+from tests.helpers import git, load_json, run_cli, run_dvc
+
+NAME = "retrain-detector"
+GATE = {"min_map": 0.0, "min_delta": 0.001, "max_class_drop": 0.005, "min_class_instances": 1,
+        "max_slice_drop": 0.5, "require_significant": False}
+LINEAGE = {"data_version", "data_dvc_md5", "git_rev", "git_dirty", "params_hash", "train_params_hash",
+           "parent_version", "warm_start", "train_run_id", "decision", "reasons", "classes", "metric.mAP50-95",
+           "metric.mAP50", "metric.mAP75", "metric.AR100"}
+
+
+def _set(root: Path, section: str, **values: Any) -> None:
+    path = root / "params.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc[section] = {**(doc.get(section) or {}), **values}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`dvc repro` of the whole pipeline (merge .. promote) on 2 x 40 generated images; its first model is v1."""
+    from retrain.data.sample import generate
+    from retrain.workspace import init_workspace
+
+    base = tmp_path_factory.mktemp("promote")
+    generate(base / "samples", batches=2, images_per_batch=40, seed=0)
+    paths = init_workspace(base / "ws", remote=str(base / "remote"))
+    for b in ("batch-1", "batch-2"):
+        run_cli("ingest", base / "samples" / b, cwd=paths.root, check=True)
+    _set(paths.root, "train", imgsz=128, epochs=40, batch=8, cache="ram", use_champion=False, lr=0.004,
+         eval_interval=20, workers=0, augment={"close_mosaic": 5})
+    _set(paths.root, "evaluate", bootstrap=50)
+    _set(paths.root, "promote", **GATE)
+    git("add", "-A", cwd=paths.root)
+    git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "params for the test", cwd=paths.root)
+    out = run_dvc("repro", cwd=paths.root)
+    for stage in ("merge", "validate", "train", "evaluate", "promote"):
+        assert f"Running stage '{stage}'" in out, out
+    assert "promote" not in run_dvc("status", cwd=paths.root)  # every stage, promote included, is up to date
+    assert load_json(paths.root / "reports" / "promotion.json")["promoted"] is True
+    return paths.root
+
+
+def _fresh(trained: Path, dst: Path) -> Paths:
+    """A copy of the trained workspace with an empty registry."""
+    shutil.copytree(trained, dst, symlinks=True)
+    for p in ("mlflow.db", "mlartifacts", ".cache/champion"):
+        shutil.rmtree(dst / p, ignore_errors=True) if (dst / p).is_dir() else (dst / p).unlink(missing_ok=True)
+    return Paths(dst)
+
+
+def _collapsed(mf: ModelFile, classes: set[str]) -> ModelFile:
+    """The model with ``classes`` never scoring above ~1e-13 (the class-score head's bias at -30)."""
+    sd = {k: v.clone() for k, v in mf.state_dict.items()}
+    idx = [mf.names.index(c) for c in classes]
+    heads = [k for k in sd if ".cv3." in k and k.endswith(".bias") and sd[k].shape == (len(mf.names),)]
+    assert len(heads) == 3, heads  # one class-score conv per detection scale
+    for k in heads:
+        sd[k][idx] = -30.0
+    return ModelFile(sd, mf.yaml, mf.names, mf.imgsz, mf.meta)
+
+
+def _round(paths: Paths, model: ModelFile, env: dict[str, str] | None = None) -> tuple[dict, dict]:
+    """Put ``model`` in as the candidate, run `retrain evaluate` and `retrain promote`; return both reports."""
+    save_model_file(paths.candidate / "model.pt", model)
+    run_cli("evaluate", cwd=paths.root, env=env, check=True)
+    proc = run_cli("promote", cwd=paths.root, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return load_json(paths.eval_report), load_json(paths.promotion_report)
+
+
+def _client(uri: str) -> Any:
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _aliases(client: Any) -> dict[str, str]:
+    return {k: str(v) for k, v in client.get_registered_model(NAME).aliases.items()}
+
+
+def _uri(paths: Paths) -> str:
+    return f"sqlite:///{paths.root / 'mlflow.db'}"
+
+
+def test_first_model_is_promoted_only_above_min_map_with_every_lineage_tag(trained: Path, tmp_path: Path):
+    paths = _fresh(trained, tmp_path / "ws")
+    strong = load_model_file(paths.candidate / "model.pt")
+    report = load_json(paths.eval_report)
+    score = report["candidate"]["metrics"]["mAP50-95"]
+    assert score > 0.02 and report["champion"] is None
+    _set(paths.root, "promote", min_map=round(score + 0.01, 4))
+    _, refused = _round(paths, strong)
+    assert refused["promoted"] is False and refused["version"] == "1"
+    assert refused["reasons"] == [f"first model: mAP50-95 {score:.4f} is below min_map {score + 0.01:.4f}"]
+    client = _client(_uri(paths))
+    assert _aliases(client) == {"challenger": "1"}  # registered, not champion
+    _set(paths.root, "promote", min_map=round(score - 0.01, 4))
+    _, promoted = _round(paths, strong)
+    assert promoted["promoted"] is True and promoted["version"] == "2"
+    assert _aliases(client) == {"challenger": "2", "champion": "2"}
+    mv = client.get_model_version(NAME, "2")
+    tags = {k.removeprefix("retrain."): v for k, v in mv.tags.items() if k.startswith("retrain.")}
+    assert set(tags) >= LINEAGE, LINEAGE - set(tags)
+    lock = yaml.safe_load((paths.root / "dvc.lock").read_text())
+    master_md5 = next(o["md5"] for o in lock["stages"]["merge"]["outs"] if o["path"] == "data/master")
+    train = load_json(paths.train_report)
+    assert tags["data_dvc_md5"] == master_md5 and tags["data_version"] == train["data_version"]
+    assert tags["git_rev"] == git("rev-parse", "HEAD", cwd=paths.root).strip()
+    assert tags["parent_version"] == "none" and tags["decision"] == "promote"
+    assert float(tags["metric.mAP50-95"]) == pytest.approx(score, abs=1e-6)
+    assert tags["train_params_hash"] == train["params_hash"] and len(tags["params_hash"]) == 16
+    assert tags["classes"] == ",".join(strong.names)
+    runs = client.search_runs([client.get_experiment_by_name("retrain").experiment_id])
+    assert mv.run_id in {r.info.run_id for r in runs}  # the version links to a run of this store
+
+
+def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path, tmp_path: Path):
+    paths = _fresh(trained, tmp_path / "ws")
+    strong = load_model_file(paths.candidate / "model.pt")
+    per_class = load_json(paths.eval_report)["candidate"]["metrics"]["per_class"]
+    # X: the weakest class that still scores; a champion knowing only X is worse overall than "all but X".
+    x = min((c for c, ap in per_class.items() if ap > 0.01), key=lambda c: per_class[c])
+    assert per_class[x] < sum(per_class.values()) - per_class[x], per_class
+    others = set(strong.names) - {x}
+
+    _, first = _round(paths, _collapsed(strong, others))  # v1: knows only X
+    assert first["promoted"] is True and first["version"] == "1"
+
+    ev, forgot = _round(paths, _collapsed(strong, {x}))  # v2: better overall, X forgotten
+    assert ev["delta"]["mAP50-95"] > 0.001 and ev["champion"]["version"] == "1"
+    assert forgot["promoted"] is False and forgot["version"] == "2"
+    assert any(r.startswith(f"forgetting: class {x} AP50-95 fell") for r in forgot["reasons"]), forgot["reasons"]
+    assert not any(r.startswith("mAP50-95") for r in forgot["reasons"])  # refused by the guard alone
+
+    ev, better = _round(paths, strong)  # v3: better, nothing forgotten
+    assert better["promoted"] is True and better["parent_version"] == "1" and better["reasons"] == []
+    lo, hi = ev["delta"]["ci"]
+    assert lo <= ev["delta"]["mAP50-95"] <= hi
+
+    ev, worse = _round(paths, _collapsed(strong, set(strong.names)))  # v4: detects nothing
+    assert ev["candidate"]["metrics"]["mAP50-95"] == 0.0 and ev["candidate"]["metrics"]["detections"] == 0
+    assert worse["promoted"] is False and worse["version"] == "4"
+    assert any("below min_delta" in r for r in worse["reasons"])
+    client = _client(_uri(paths))
+    assert _aliases(client) == {"champion": "3", "challenger": "4"}
+    assert client.get_model_version(NAME, "4").tags["retrain.decision"] == "reject"
+    md = paths.eval_markdown.read_text()
+    assert "| mAP50-95 | " in md and f"| {x} |" in md and "batch-2" in md
+    assert {p.name for p in paths.eval_plots.iterdir()} == {"per_class_ap.png", "pr_curve.png"}
+
+    status = run_cli("status", cwd=paths.root, check=True).stdout
+    assert f"{NAME}: champion version 3, challenger version 4" in status
+    back = run_cli("rollback", cwd=paths.root, check=True).stdout
+    assert f"{NAME}@champion: version 3 -> 1" in back
+    assert _aliases(client)["champion"] == "1"
+    again = run_cli("rollback", cwd=paths.root)  # v1 was the first champion
+    assert again.returncode == 1 and "no previous one (use --to VERSION)" in again.stderr
+    run_cli("rollback", "--to", "3", cwd=paths.root, check=True)
+    assert _aliases(client)["champion"] == "3"
+    history = json.loads(client.get_registered_model(NAME).tags["retrain.champion_history"])
+    assert [(h["champion"], h["by"]) for h in history] == [("1", "promote"), ("3", "promote"), ("1", "rollback"),
+                                                           ("3", "rollback")]
+    bad = run_cli("rollback", "--to", "99", cwd=paths.root)
+    assert bad.returncode == 1 and "has no version 99" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_promote_refuses_when_the_champion_moved_since_evaluation(trained: Path, tmp_path: Path):
+    paths = _fresh(trained, tmp_path / "ws")
+    strong = load_model_file(paths.candidate / "model.pt")
+    _round(paths, strong)  # v1 champion
+    run_cli("evaluate", cwd=paths.root, check=True)  # compares against v1
+    client = _client(_uri(paths))
+    client.delete_registered_model_alias(NAME, "champion")  # someone moves the champion meanwhile
+    proc = run_cli("promote", cwd=paths.root)
+    assert proc.returncode == 1 and "run 'retrain evaluate' again" in proc.stderr and "Traceback" not in proc.stderr
+    assert len(client.search_model_versions(f"name = '{NAME}'")) == 1  # nothing registered
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    end = time.time() + seconds
+    while time.time() < end:
+        assert proc.poll() is None, f"server exited {proc.returncode}"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {seconds} s")
+
+
+def _server(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    bindir = os.path.dirname(sys.executable)
+    full = {**os.environ, "YOLO_OFFLINE": "true", "PATH": bindir + os.pathsep + os.environ["PATH"], **(env or {})}
+    with log.open("wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "mlflow", *args], stdout=f, stderr=subprocess.STDOUT,
+                                env=full, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_promote_and_warm_evaluation_against_a_real_mlflow_server_over_http(trained: Path, tmp_path: Path):
+    paths = _fresh(trained, tmp_path / "ws")
+    strong = load_model_file(paths.candidate / "model.pt")
+    port = _port()
+    server = _server(["server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                      "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                      "--artifacts-destination", str(tmp_path / "server-artifacts")], tmp_path / "server.log")
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", server)
+        env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
+        _, first = _round(paths, strong, env)
+        assert first["promoted"] is True and first["tracking_uri"] == env["MLFLOW_TRACKING_URI"]
+        ev, second = _round(paths, _collapsed(strong, set(strong.names)), env)  # champion downloaded over HTTP
+        assert ev["champion"]["version"] == "1" and second["promoted"] is False
+        client = _client(env["MLFLOW_TRACKING_URI"])
+        assert _aliases(client) == {"champion": "1", "challenger": "2"}
+        assert client.get_model_version(NAME, "2").tags["retrain.parent_version"] == "1"
+        assert not (paths.root / "mlflow.db").exists()  # nothing went to the embedded default store
+        assert any((tmp_path / "server-artifacts").rglob("model.pt"))  # artifacts went through the server
+    finally:
+        _stop(server)
+
+
+def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(trained: Path, tmp_path: Path):
+    import mlflow
+    import pandas as pd
+    import ultralytics
+
+    paths = _fresh(trained, tmp_path / "ws")
+    _round(paths, load_model_file(paths.candidate / "model.pt"))
+    names = set(load_model_file(paths.candidate / "model.pt").names)
+    bus = Path(ultralytics.__file__).parent / "assets" / "bus.jpg"
+    uri = _uri(paths)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+        local = model.predict(pd.DataFrame({"image": [bus.read_bytes()]}), params={"conf": 0.001})
+    finally:
+        mlflow.set_tracking_uri(None)
+        mlflow.set_registry_uri(None)
+    assert len(local) > 0 and set(local["class_name"]) <= names and (local["image"] == 0).all()
+    assert (local["x_max"] >= local["x_min"]).all() and local["x_max"].max() <= 810  # bus.jpg: 810 x 1080, boxes clipped
+    port = _port()
+    server = _server(["models", "serve", "-m", f"models:/{NAME}@champion", "--env-manager", "local",
+                      "-h", "127.0.0.1", "-p", str(port)], tmp_path / "serve.log", {"MLFLOW_TRACKING_URI": uri})
+    try:
+        _wait(f"http://127.0.0.1:{port}/ping", server, seconds=180)
+        body = {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(bus.read_bytes()).decode()]]},
+                "params": {"conf": 0.001}}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            served = json.loads(resp.read())["predictions"]
+    finally:
+        _stop(server)
+    assert len(served) == len(local) > 0
+    assert {d["class_name"] for d in served} <= names
+    assert served[0]["score"] == pytest.approx(local["score"].iloc[0], abs=1e-5)
