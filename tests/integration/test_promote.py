@@ -281,7 +281,7 @@ def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(train
         mlflow.set_tracking_uri(None)
         mlflow.set_registry_uri(None)
     assert len(local) > 0 and set(local["class_name"]) <= names and (local["image"] == 0).all()
-    assert (local["x_max"] >= local["x_min"]).all() and local["x_max"].max() <= 810  # bus.jpg: 810 x 1080, boxes clipped
+    assert (local["x_max"] >= local["x_min"]).all() and local["x_max"].max() <= 810  # bus.jpg: 810 wide
     port = _port()
     server = _server(["models", "serve", "-m", f"models:/{NAME}@champion", "--env-manager", "local",
                       "-h", "127.0.0.1", "-p", str(port)], tmp_path / "serve.log", {"MLFLOW_TRACKING_URI": uri})
