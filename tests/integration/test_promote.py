@@ -191,7 +191,7 @@ def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path
     assert bad.returncode == 1 and "has no version 99" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_promote_refuses_when_the_champion_moved_since_evaluation(trained: Path, tmp_path: Path):
+def test_promote_refuses_when_the_champion_or_the_candidate_changed_since_evaluation(trained: Path, tmp_path: Path):
     paths = _fresh(trained, tmp_path / "ws")
     strong = load_model_file(paths.candidate / "model.pt")
     _round(paths, strong)  # v1 champion
@@ -200,6 +200,10 @@ def test_promote_refuses_when_the_champion_moved_since_evaluation(trained: Path,
     client.delete_registered_model_alias(NAME, "champion")  # someone moves the champion meanwhile
     proc = run_cli("promote", cwd=paths.root)
     assert proc.returncode == 1 and "run 'retrain evaluate' again" in proc.stderr and "Traceback" not in proc.stderr
+    client.set_registered_model_alias(NAME, "champion", "1")
+    save_model_file(paths.candidate / "model.pt", _collapsed(strong, {strong.names[0]}))  # retrained, not evaluated
+    proc = run_cli("promote", cwd=paths.root)
+    assert proc.returncode == 1 and "evaluated another candidate" in proc.stderr and "Traceback" not in proc.stderr
     assert len(client.search_model_versions(f"name = '{NAME}'")) == 1  # nothing registered
 
 
@@ -272,14 +276,11 @@ def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(train
     names = set(load_model_file(paths.candidate / "model.pt").names)
     bus = Path(ultralytics.__file__).parent / "assets" / "bus.jpg"
     uri = _uri(paths)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    try:
+    with pytest.MonkeyPatch.context() as mp:  # the environment as a user's shell would set it; restored after
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
         local = model.predict(pd.DataFrame({"image": [bus.read_bytes()]}), params={"conf": 0.001})
-    finally:
-        mlflow.set_tracking_uri(None)
-        mlflow.set_registry_uri(None)
+    assert "MLFLOW_REGISTRY_URI" not in os.environ and os.environ.get("MLFLOW_TRACKING_URI") != uri
     assert len(local) > 0 and set(local["class_name"]) <= names and (local["image"] == 0).all()
     assert (local["x_max"] >= local["x_min"]).all() and local["x_max"].max() <= 810  # bus.jpg: 810 wide
     port = _port()

@@ -97,7 +97,7 @@ def test_dvc_repro_trains_a_candidate_with_report_plots_and_one_mlflow_run(merge
     assert len(runs) == 1 and runs[0].info.run_id == report["mlflow_run_id"]
     assert runs[0].data.tags["retrain.data_version"] == report["data_version"]
     assert "val/mAP50-95" in runs[0].data.metrics and "final/ema_mAP50-95" in runs[0].data.metrics
-    assert "up to date" in run_dvc("status", cwd=paths.root).lower()
+    assert "up to date" in run_dvc("status", "train", cwd=paths.root).lower()
     # The per-epoch CSV is a DVC plot.
     assert "val/mAP50-95" in run_dvc("plots", "show", "--json", cwd=paths.root)
 
@@ -200,7 +200,7 @@ def _register_champion(root: Path, model_file: Path, name: str = "retrain-detect
     import mlflow
 
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    client = mlflow.MlflowClient(tracking_uri=uri)
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
     exp = client.create_experiment("seed-champion", artifact_location=(root / "mlartifacts").as_uri())
     run = client.create_run(exp)
     client.log_artifact(run.info.run_id, str(model_file), artifact_path="model")

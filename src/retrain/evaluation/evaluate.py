@@ -8,6 +8,7 @@ matches are reused for the slices and for a paired bootstrap of the mAP50-95 del
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import Counter
@@ -121,7 +122,8 @@ def evaluate_models(paths: Paths, params: Params) -> EvalResult:
     report: dict[str, Any] = {
         "data_version": master.version, "images": len(gt.getImgIds()),
         "instances": {n: instances.get(n, 0) for n in master.names},
-        "candidate": {"classes": list(candidate.names), "imgsz": candidate.imgsz, "metrics": cand},
+        "candidate": {"classes": list(candidate.names), "imgsz": candidate.imgsz, "metrics": cand,
+                      "sha256": hashlib.sha256(candidate_file.read_bytes()).hexdigest()},
         "champion": None, "delta": None}
     champ_ev = None
     if champ is not None:

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +126,9 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
                            "'retrain evaluate' again (dvc repro does)")
     if not weights.is_file():
         raise RetrainError(f"{weights}: no candidate; run 'retrain train' first")
+    if evaluation.get("candidate", {}).get("sha256") != hashlib.sha256(weights.read_bytes()).hexdigest():
+        raise RetrainError(f"{paths.eval_report}: evaluated another candidate than {weights}; run "
+                           "'retrain evaluate' again (dvc repro does)")
     uri, name = tracking_uri(paths.root), params.registry.model_name
     mc = client(uri)
     parent = current_champion(mc, name)
@@ -192,31 +198,51 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
 
     from retrain.registry.pyfunc import example_input
 
-    previous = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
     try:
-        run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths, uri)
-        with mlflow.start_run(run_id=run_id):
-            info = mlflow.pyfunc.log_model(
-                name="model", python_model=str(Path(__file__).with_name("serving.py")),
-                artifacts={"weights": str(weights)}, signature=_signature(), input_example=example_input(),
-                pip_requirements=_requirements(),
-                metadata={"retrain": {"classes": train.get("classes"), "data_version": train.get("data_version")}})
-            for report in (paths.eval_report, paths.eval_markdown):
-                mlflow.log_artifact(str(report), artifact_path="evaluation")
-            if paths.eval_plots.is_dir():
-                mlflow.log_artifacts(str(paths.eval_plots), artifact_path="evaluation/plots")
-            mlflow.log_metrics(metrics)
-        _ensure_registered_model(mlflow.MlflowClient(uri, uri), name)
-        mv = mlflow.register_model(info.model_uri, name, tags=tags)
+        with _fluent_uri(uri):
+            run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths, uri)
+            with mlflow.start_run(run_id=run_id):
+                info = mlflow.pyfunc.log_model(
+                    name="model", python_model=str(Path(__file__).with_name("serving.py")),
+                    artifacts={"weights": str(weights)}, signature=_signature(), input_example=example_input(),
+                    pip_requirements=_requirements(),
+                    metadata={"retrain": {"classes": train.get("classes"), "data_version": train.get("data_version")}})
+                for report in (paths.eval_report, paths.eval_markdown):
+                    mlflow.log_artifact(str(report), artifact_path="evaluation")
+                if paths.eval_plots.is_dir():
+                    mlflow.log_artifacts(str(paths.eval_plots), artifact_path="evaluation/plots")
+                mlflow.log_metrics(metrics)
+            _ensure_registered_model(mlflow.MlflowClient(uri, uri), name)
+            mv = mlflow.register_model(info.model_uri, name, tags=tags)
     except MlflowException as e:
         raise RetrainError(f"model registry {_redact(uri)}: cannot register {name} ({e.message}); "
                            f"{name}@{CHAMPION} has not moved") from e
-    finally:
-        mlflow.set_tracking_uri(previous[0])
-        mlflow.set_registry_uri(previous[1])
     return str(mv.version)
+
+
+@contextmanager
+def _fluent_uri(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``log_model``, ``register_model``) on ``uri``, then exactly the state before.
+
+    ``mlflow.set_tracking_uri``/``set_registry_uri`` also export ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``
+    (and ``set_registry_uri(None)`` never removes its variable), which would send every later subprocess of this
+    process to this store; the variables are put back as they were.
+    """
+    import mlflow
+
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(None)  # type: ignore[arg-type]  # None: back to "not set" (documented)
+        mlflow.set_registry_uri(None)  # type: ignore[arg-type]
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths, uri: str) -> str:
