@@ -12,15 +12,7 @@ from retrain.data.ingest import ingest
 from retrain.data.sample import generate
 from retrain.paths import Paths
 from retrain.workspace import commit, dvc, init_workspace, require_workspace
-
-
-def master_version(paths: Paths) -> str:
-    """The DVC hash of ``data/master`` as recorded in ``dvc.lock`` (the data version)."""
-    lock = yaml.safe_load(paths.root.joinpath("dvc.lock").read_text(encoding="utf-8"))
-    for out in lock["stages"]["merge"]["outs"]:
-        if out["path"] == "data/master":
-            return str(out["md5"])
-    return "?"
+from retrain.workspace import master_version as dvc_master_version
 
 
 def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) -> Iterator[str]:
@@ -46,13 +38,13 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
     for s in samples:
         result = ingest(paths, s.path, params.ingest, params.validation, s.path.name)
         dvc(["repro", "-q"], paths.root, "dvc repro")
-        commit(paths, f"retrain: batch {result.name}, data {master_version(paths)[:12]}")
+        commit(paths, f"retrain: batch {result.name}, data {(dvc_master_version(paths) or '?')[:12]}")
         dvc(["push", "-q"], paths.root, "dvc push")
         report = yaml.safe_load(paths.merge_report.read_text(encoding="utf-8"))["totals"]
         promotion = yaml.safe_load(paths.promotion_report.read_text(encoding="utf-8"))
         score = yaml.safe_load(paths.eval_report.read_text(encoding="utf-8"))["candidate"]["metrics"]["mAP50-95"]
         verdict = f"v{promotion['version']} " + ("champion" if promotion["promoted"] else "challenger")
-        rows.append((result.name, "added" if result.added else "same", master_version(paths)[:12],
+        rows.append((result.name, "added" if result.added else "same", (dvc_master_version(paths) or '?')[:12],
                      report["images"], report["boxes"], report["classes"], f"{score:.3f}", verdict))
     yield (f"{'batch':<10} {'ingest':<7} {'data version':<13} {'images':>6} {'boxes':>6} {'classes':>7} "
            f"{'mAP50-95':>8}  registry")

@@ -14,6 +14,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+import yaml
+
 from retrain.errors import ExternalToolError, WorkspaceError
 from retrain.paths import Paths
 
@@ -132,3 +134,15 @@ def commit(paths: Paths, message: str) -> bool:
         return False
     git(["commit", "-q", "-m", message], paths.root, "git commit")
     return True
+
+
+def master_version(paths: Paths) -> str | None:
+    """DVC's md5 of ``data/master`` as ``dvc.lock`` records it (the data version); ``None`` when it has none."""
+    lock = paths.root / "dvc.lock"
+    if not lock.is_file():
+        return None
+    doc = yaml.safe_load(lock.read_text(encoding="utf-8")) or {}
+    for out in ((doc.get("stages") or {}).get("merge") or {}).get("outs") or []:
+        if out.get("path") == "data/master":
+            return str(out.get("md5"))
+    return None

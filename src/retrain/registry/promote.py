@@ -66,15 +66,9 @@ def metrics_from_report(report: dict[str, Any]) -> tuple[ModelMetrics | None, Mo
 
 def data_lineage(root: Path) -> dict[str, str]:
     """DVC's md5 of ``data/master`` (from ``dvc.lock``) and the workspace's git revision."""
-    import yaml
+    from retrain.workspace import master_version
 
-    md5 = "not in dvc.lock"
-    lock = root / "dvc.lock"
-    if lock.is_file():
-        doc = yaml.safe_load(lock.read_text(encoding="utf-8")) or {}
-        for out in ((doc.get("stages") or {}).get("merge") or {}).get("outs") or []:
-            if out.get("path") == "data/master":
-                md5 = str(out.get("md5"))
+    md5 = master_version(Paths(root)) or "not in dvc.lock"
     git = ["git", "-C", str(root)]
     rev = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
     dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
@@ -136,7 +130,11 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     if parent != evaluated:
         raise RetrainError(f"registry: {name}@{CHAMPION} is version {parent or 'none'} but the evaluation compared "
                            f"against {evaluated or 'none'}; run 'retrain evaluate' again")
-    champ_metrics, cand_metrics = metrics_from_report(evaluation)
+    try:
+        champ_metrics, cand_metrics = metrics_from_report(evaluation)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RetrainError(f"{paths.eval_report}: not a complete evaluate report ({type(e).__name__}: {e}); run "
+                           "'retrain evaluate' again") from e
     decision = decide(champ_metrics, cand_metrics, params.promote)
     tags = _lineage_tags(paths, params, evaluation, train, parent, decision)
     version = _register(uri, name, params.registry.experiment, weights, paths, train, tags,

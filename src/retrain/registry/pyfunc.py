@@ -24,13 +24,22 @@ COLUMNS = ("image", "x_min", "y_min", "x_max", "y_max", "score", "class_id", "cl
 DEFAULT_PARAMS: dict[str, Any] = {"conf": 0.25, "iou": 0.7, "max_det": 300}
 
 
-def _decode(value: Any) -> np.ndarray:
-    """Encoded image bytes (or base64 text) -> RGB uint8 array; PIL's decompression-bomb limit stays on."""
-    from PIL import Image
+def _decode(value: Any, row: int) -> np.ndarray:
+    """Encoded image bytes (or base64 text) -> RGB uint8 array; PIL's decompression-bomb limit stays on.
 
-    data = base64.b64decode(value) if isinstance(value, str) else bytes(value)
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(im.convert("RGB"))
+    PIL's own ``open`` (ultralytics' patched one would try to pip-install a HEIF plugin for an unknown upload).
+
+    Raises:
+        ValueError: The row is not a decodable image (one line: which row, why).
+    """
+    from retrain.validation.images import pil_open
+
+    try:
+        data = base64.b64decode(value) if isinstance(value, str) else bytes(value)
+        with pil_open(io.BytesIO(data)) as im:
+            return np.asarray(im.convert("RGB"))
+    except Exception as e:  # binascii, PIL's UnidentifiedImageError, DecompressionBombError, truncated data ...
+        raise ValueError(f"image {row}: not a decodable image ({type(e).__name__}: {e})") from e
 
 
 class DetectorModel(PythonModel):
@@ -63,7 +72,7 @@ class DetectorModel(PythonModel):
         rows: list[tuple[Any, ...]] = []
         letterbox = LetterBox(new_shape=(self.imgsz, self.imgsz), auto=False)  # as ultralytics' predictor
         for i, value in enumerate(frame["image"]):
-            img = _decode(value)
+            img = _decode(value, i)
             boxed = letterbox(image=img)
             assert isinstance(boxed, np.ndarray)  # image only in, image only out
             tensor = torch.from_numpy(np.ascontiguousarray(boxed.transpose(2, 0, 1)))[None].float() / 255

@@ -30,7 +30,7 @@ ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "BMP", "WEBP", "TIFF", "MPO"})
 
 
 
-def _pil_open(fp: io.BytesIO) -> Image.Image:
+def pil_open(fp: io.BytesIO) -> Image.Image:
     """PIL's own ``Image.open``, also when ultralytics has been imported in this process.
 
     Importing ultralytics replaces ``PIL.Image.open`` with a wrapper that, on an unidentified file, installs and
@@ -129,7 +129,7 @@ def inspect_image(path: Path, max_pixels: int | None = None) -> ImageInfo:
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            with _pil_open(io.BytesIO(data)) as im:
+            with pil_open(io.BytesIO(data)) as im:
                 fmt = im.format or "?"
                 if fmt not in ALLOWED_FORMATS:
                     raise BadImage(f"format {fmt} is not an accepted image format")
