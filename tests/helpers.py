@@ -11,6 +11,7 @@ import subprocess
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,3 +137,33 @@ def bomb_png(path: Path, width: int = 30000, height: int = 30000) -> Path:
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
                      + chunk(b"IEND", b""))
     return path
+
+
+def flow_run_contents(flow_run_id: Any) -> tuple[list[str], dict[str, Any]]:
+    """Task run names (by start time) and artifacts (by key) of a flow run, read with the Prefect client."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    only = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=only)
+        artifacts = client.read_artifacts(flow_run_filter=only)
+    names = [r.name for r in sorted(runs, key=lambda r: (r.start_time or r.expected_start_time))]
+    return names, {a.key: a for a in artifacts if a.key}
+
+
+def registry_state(root: Path, name: str = "retrain-detector") -> dict[str, Any]:
+    """Versions and aliases of the registered model in the workspace's sqlite store (empty when none)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    if not (root / "mlflow.db").exists():
+        return {"versions": [], "aliases": {}}
+    client = mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException:
+        return {"versions": [], "aliases": {}}
+    versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+    return {"versions": versions, "aliases": {k: str(v) for k, v in model.aliases.items()}}

@@ -6,11 +6,11 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from retrain.errors import RetrainError, ValidationFailed
+from retrain.errors import RetrainError, TransientError, ValidationFailed, transient_reason
 
 if TYPE_CHECKING:
     from retrain.config import Params
@@ -28,11 +28,23 @@ log = logging.getLogger("retrain")
 ProjectOpt = Annotated[Path, typer.Option("--project", "-C", help="Workspace root (default: current folder).")]
 
 
+class _RunFormatter(logging.Formatter):
+    """Prefect's run loggers say which task or flow run a line is from; so does the terminal."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        run = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
+        if run and record.name.startswith("prefect."):
+            line = f"{record.levelname} {run}: {record.getMessage()}"
+            return line + "\n" + self.formatException(record.exc_info) if record.exc_info else line
+        return super().format(record)
+
+
 @app.callback()
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for noisy in ("great_expectations", "matplotlib", "PIL"):  # their INFO lines are not for our users
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RunFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
+    for noisy in ("great_expectations", "matplotlib", "PIL", "httpx", "httpcore"):  # INFO lines not for our users
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
@@ -201,14 +213,77 @@ def status(project: ProjectOpt = Path(".")) -> None:
         _out(line)
 
 
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """What a flow run did, for the terminal."""
+    if s["nothing_to_retrain"]:
+        return ["nothing to retrain: no new batch, and every stage is up to date"]
+    ran = [k for k, v in s["stages"].items() if v]
+    lines = [f"batches ingested: {', '.join(s['ingested']) or 'none'}; stages run: {', '.join(ran) or 'none'}",
+             f"data version: {s.get('data_version') or '-'}"]
+    if s.get("version"):
+        lines.append(f"{s['model']} version {s['version']}: "
+                     + ("promoted, it is the champion" if s["promoted"] else "registered as challenger, not promoted"))
+        lines += [f"  - {r}" for r in s["reasons"]]
+    if s.get("commit"):
+        lines.append(f"git commit {s['commit']}")
+    return lines
+
+
+def _prefect_defaults() -> None:
+    # Nothing leaves this machine: no Prefect telemetry (the local ephemeral API is the embedded default).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+@app.command()
+def run(
+    batches: Annotated[list[Path] | None, typer.Argument(help="Batch folders (default: data/incoming/*).")] = None,
+    only_if_new: Annotated[bool, typer.Option(help="Do nothing when no batch is waiting.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the run's summary as JSON.")] = False,
+    project: ProjectOpt = Path("."),
+) -> None:
+    """Run the retrain flow once: ingest waiting batches, then every stale DVC stage; commit and push the result."""
+    _prefect_defaults()
+    from flows.retrain import outcome
+    from flows.retrain import retrain as retrain_flow
+
+    paths, _ = _workspace(project)
+    state = retrain_flow(project=str(paths.root), batches=[str(b) for b in batches or []] or None,
+                         only_if_new=only_if_new, return_state=True)
+    summary = outcome(state)
+    if as_json:
+        import json
+
+        _out(json.dumps(summary, default=str))
+        return
+    for line in summary_lines(summary):
+        _out(line)
+
+
+@app.command()
+def serve(project: ProjectOpt = Path(".")) -> None:
+    """Serve the deployments retrain/weekly (cron from params) and retrain/on-new-batch (polls data/incoming/).
+
+    Needs a Prefect API that schedules runs: `prefect server start`, with PREFECT_API_URL pointing at it.
+    """
+    _prefect_defaults()
+    from flows.deployments import serve_workspace
+
+    paths, params = _workspace(project)
+    if not os.environ.get("PREFECT_API_URL"):
+        raise RetrainError("retrain serve needs a Prefect server to schedule its runs: start one with "
+                           "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api")
+    serve_workspace(paths.root, params)
+
+
 @app.command()
 def demo(
     workspace: Annotated[Path, typer.Option(help="Workspace folder (made if missing).")] = Path("retrain-demo"),
-    batches: Annotated[int, typer.Option(min=1, max=20)] = 2,
+    batches: Annotated[int, typer.Option(min=1, max=20)] = 3,
     images_per_batch: Annotated[int, typer.Option(min=1, max=10_000)] = 40,
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
-    """Run the loop on generated sample data in a fresh workspace: one ingest + `dvc repro` per batch."""
+    """The loop on generated sample data in a fresh workspace: one retrain flow run per arriving batch."""
+    _prefect_defaults()
     from retrain.demo import run_demo
 
     for line in run_demo(workspace, batches, images_per_batch, seed):
@@ -224,3 +299,9 @@ def main() -> None:
         for line in e.lines():
             typer.echo(f"error: {line}", err=True)
         sys.exit(e.exit_code)
+    except Exception as e:  # a service down is one line and exit 75, which the flow retries; a bug keeps its traceback
+        reason = transient_reason(e)
+        if reason is None:
+            raise
+        typer.echo(f"error: unavailable, try again later: {reason}", err=True)
+        sys.exit(TransientError.exit_code)

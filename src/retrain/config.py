@@ -174,6 +174,29 @@ class RegistryParams(_Section):
     experiment: str = Field(default="retrain", min_length=1)
 
 
+class FlowParams(_Section):
+    """The Prefect flow around the stages (section ``retrain``): versioning, schedule, retries, one run at a time.
+
+    No DVC stage depends on this section, so changing the schedule never makes a stage stale.
+    """
+
+    commit: bool = Field(default=True, description="Commit dvc.lock, params and the batches' .dvc files to git "
+                         "after a run that changed something, naming the data version and the decision.")
+    push: bool = Field(default=True, description="`dvc push` the data to the default DVC remote after the commit.")
+    schedule: str = Field(default="0 3 * * 1", min_length=9, description="Cron of the weekly deployment "
+                          "(`retrain serve`; prefect.yaml's `retrain/weekly` carries the same).")
+    timezone: str = Field(default="UTC", min_length=1, description="Time zone of the cron.")
+    poll_interval: int = Field(default=600, ge=10, description="Seconds between looks at data/incoming/ by the "
+                               "`retrain/on-new-batch` deployment.")
+    lock_timeout: float = Field(default=6 * 3600, ge=0, description="Seconds a second run waits for the one "
+                                "holding the workspace before it gives up (0: give up at once).")
+    retries: int = Field(default=3, ge=0, le=10, description="Retries of a stage or push that failed for a "
+                         "transient reason (registry or remote unreachable); bad data is never retried.")
+    retry_delay: float = Field(default=10.0, ge=0, description="First retry delay in seconds; it doubles each time.")
+    mlflow_ui: str = Field(default="http://127.0.0.1:5000", description="Base URL of `mlflow ui` for the links in "
+                           "the Prefect UI when MLflow is a local store (a server's URL is used as it is).")
+
+
 class Params(_Section):
     """All of ``params.yaml``."""
 
@@ -185,6 +208,7 @@ class Params(_Section):
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
     registry: RegistryParams = RegistryParams()
+    retrain: FlowParams = FlowParams()
 
 
 def _format_validation_error(path: Path, err: ValidationError) -> str:

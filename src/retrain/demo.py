@@ -1,22 +1,27 @@
-"""The demo loop on generated sample data: what the README's main command runs."""
+"""The demo loop on generated sample data: what the README's main command runs.
+
+Batches arrive one at a time in ``data/incoming/``, and each arrival is one run of the retrain flow (the same
+flow the deployments run): batch 1 trains the first champion; each later batch, some with a new class, trains
+a candidate on old + new data that is compared with the champion and promoted or refused.
+"""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import yaml
-
-from retrain.config import load_params
-from retrain.data.ingest import ingest
 from retrain.data.sample import generate
 from retrain.paths import Paths
-from retrain.workspace import commit, dvc, init_workspace, require_workspace
-from retrain.workspace import master_version as dvc_master_version
+from retrain.workspace import dvc, init_workspace, require_workspace
+
+
+def _map(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) -> Iterator[str]:
-    """Make (or reuse) a workspace, generate sample batches, and per batch: ingest, ``dvc repro``, commit, push.
+    """Make (or reuse) a workspace, generate sample batches, and run the flow once per arriving batch.
 
     Args:
         workspace: The workspace folder; made with ``init`` when it is not one yet.
@@ -26,31 +31,41 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
 
     Yields:
         Lines for the user.
+
+    Raises:
+        RetrainError: A flow run failed (its reason).
     """
+    from flows.retrain import outcome, retrain
+
     paths = Paths.at(workspace)
     if not (paths.root / ".dvc").is_dir():
         init_workspace(paths.root)
         yield f"workspace made: {paths.root}"
     require_workspace(paths)
-    params = load_params(paths.params)
-    samples = generate(paths.incoming, batches, images_per_batch, seed)
+    shutil.rmtree(paths.cache / "samples", ignore_errors=True)
     rows = []
-    for s in samples:
-        result = ingest(paths, s.path, params.ingest, params.validation, s.path.name)
-        dvc(["repro", "-q"], paths.root, "dvc repro")
-        commit(paths, f"retrain: batch {result.name}, data {(dvc_master_version(paths) or '?')[:12]}")
-        dvc(["push", "-q"], paths.root, "dvc push")
-        report = yaml.safe_load(paths.merge_report.read_text(encoding="utf-8"))["totals"]
-        promotion = yaml.safe_load(paths.promotion_report.read_text(encoding="utf-8"))
-        score = yaml.safe_load(paths.eval_report.read_text(encoding="utf-8"))["candidate"]["metrics"]["mAP50-95"]
-        verdict = f"v{promotion['version']} " + ("champion" if promotion["promoted"] else "challenger")
-        rows.append((result.name, "added" if result.added else "same", (dvc_master_version(paths) or '?')[:12],
-                     report["images"], report["boxes"], report["classes"], f"{score:.3f}", verdict))
-    yield (f"{'batch':<10} {'ingest':<7} {'data version':<13} {'images':>6} {'boxes':>6} {'classes':>7} "
-           f"{'mAP50-95':>8}  registry")
-    for r in rows:
-        yield f"{r[0]:<10} {r[1]:<7} {r[2]:<13} {r[3]:>6} {r[4]:>6} {r[5]:>7} {r[6]:>8}  {r[7]}"
-    yield f"master: {paths.master}  report: {paths.merge_report}"
+    for s in generate(paths.cache / "samples", batches, images_per_batch, seed):
+        arrived = paths.incoming / s.path.name
+        shutil.rmtree(arrived, ignore_errors=True)
+        shutil.move(str(s.path), str(arrived))
+        yield f"batch {s.path.name} arrived in {paths.incoming} ({s.images} images, classes {', '.join(s.classes)})"
+        r = outcome(retrain(project=str(paths.root), return_state=True))
+        decision = ("nothing to retrain" if r["nothing_to_retrain"] else
+                    "promoted: champion" if r["promoted"] else "refused: " + "; ".join(r["reasons"]) if r["version"]
+                    else "no new model")
+        rows.append((s.path.name, (r.get("data_version") or "-")[:12], f"v{r['version']}" if r["version"] else "-",
+                     _map(r.get("champion_map")), _map(r.get("candidate_map")), decision))
+    yield ""
+    yield f"{'run':<9} {'data version':<13} {'model':<6} {'champion':>8} {'candidate':>9}  decision (mAP50-95)"
+    for row in rows:
+        yield f"{row[0]:<9} {row[1]:<13} {row[2]:<6} {row[3]:>8} {row[4]:>9}  {row[5]}"
     status = dvc(["status", "-q"], paths.root, "dvc status").strip()
-    yield "dvc status: " + (status or "clean")
-    yield f"look at it: cd {paths.root} && git log --oneline && dvc metrics show && retrain status"
+    yield "dvc status: " + (status or "clean (dvc repro has nothing to do)")
+    yield ""
+    yield f"look at it (cd {paths.root}, with the venv active):"
+    yield "  retrain status                      # the registry: versions, champion, data versions, decisions"
+    yield "  prefect server start                # the flow runs, task runs, logs and artifacts: http://127.0.0.1:4200"
+    yield "  mlflow ui --backend-store-uri sqlite:///mlflow.db   # runs and the model registry: http://127.0.0.1:5000"
+    yield "  dvc metrics show; dvc plots show    # metrics of the last run; training curves (dvc_plots/index.html)"
+    yield "  git log --oneline                   # one commit per run: data version and decision"
+    yield "  retrain run                         # again, with no new batch: 'nothing to retrain'"

@@ -80,3 +80,50 @@ class ValidationFailed(RetrainError):
 
     def lines(self) -> list[str]:
         return list(self._lines)
+
+
+class TransientError(RetrainError):
+    """A service we depend on (the registry, a DVC remote, a lock held by another writer) failed for now.
+
+    Exit code 75 (``EX_TEMPFAIL``): the orchestrator retries these, with backoff, and nothing else.
+    """
+
+    exit_code = 75
+
+
+class WorkspaceBusy(RetrainError):
+    """Another retrain run holds the workspace; this one waited as long as it was allowed to."""
+
+
+#: Exception class names (anywhere in the chain) that mean "unreachable or busy right now", not "bad input".
+_TRANSIENT_NAMES = {"ConnectionError", "ConnectTimeout", "ReadTimeout", "Timeout", "MaxRetryError",
+                    "NewConnectionError", "ProtocolError", "RemoteDisconnected", "TimeoutError",
+                    "ConnectionRefusedError", "ConnectionResetError"}
+_TRANSIENT_TEXT = ("max retries exceeded", "connection refused", "database is locked", "temporarily unavailable",
+                   "503 service unavailable", "502 bad gateway", "504 gateway timeout")
+
+
+def transient_reason(exc: BaseException) -> str | None:
+    """Why ``exc`` looks transient (a service unreachable or busy), or ``None`` when it does not.
+
+    Walks the ``__cause__``/``__context__`` chain: MLflow, requests and sqlite wrap the network error.
+
+    Args:
+        exc: The exception raised by a stage.
+
+    Returns:
+        A one-line reason, or ``None``.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, TransientError):
+            return str(e)
+        names = {c.__name__ for c in type(e).__mro__}
+        text = str(e).lower()
+        if names & _TRANSIENT_NAMES or any(t in text for t in _TRANSIENT_TEXT):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return first[:300]
+        e = e.__cause__ or e.__context__
+    return None

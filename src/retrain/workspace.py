@@ -28,6 +28,7 @@ DEFAULT_REMOTE = "~/.cache/retrain/dvc-remote"
 TEMPLATE_FILES = {
     "dvc.yaml": "dvc.yaml",
     "params.yaml": "params.yaml",
+    "prefect.yaml": "prefect.yaml",
     "gitignore": ".gitignore",
     "dvcignore": ".dvcignore",
     "data.gitignore": "data/.gitignore",

@@ -109,3 +109,27 @@ def status_lines(rows: list[dict[str, Any]], name: str) -> list[str]:
     challenger = next((r["version"] for r in rows if CHALLENGER in r["aliases"]), "none")
     return [f"{name}: champion version {champion}, challenger version {challenger}",
             *("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in table)]
+
+
+def ui_links(uri: str, name: str, version: str, ui_base: str) -> dict[str, str]:
+    """Links into the MLflow UI for a model version and the run it was logged in.
+
+    Args:
+        uri: Tracking URI (an ``http(s)`` server is its own UI; a local store is shown by ``mlflow ui``).
+        name: Registered model name.
+        version: The model version.
+        ui_base: Base URL of ``mlflow ui`` for a local store.
+
+    Returns:
+        ``{"version": url, "run": url}`` (``run`` only when the version names one).
+    """
+    from urllib.parse import quote
+
+    base = (uri if uri.split(":", 1)[0] in ("http", "https") else ui_base).rstrip("/")
+    links = {"version": f"{base}/#/models/{quote(name)}/versions/{version}"}
+    mc = client(uri)
+    run_id = mc.get_model_version(name, version).run_id
+    if run_id:
+        experiment = mc.get_run(run_id).info.experiment_id
+        links["run"] = f"{base}/#/experiments/{experiment}/runs/{run_id}"
+    return links

@@ -1,0 +1,164 @@
+"""The DVC stages as Prefect tasks: DVC's own order, each stage run through ``dvc repro --single-item``.
+
+DVC decides whether a stage is stale and records what ran in ``dvc.lock``; this module only starts it, streams
+its output into the task's log (and a live progress bar to a terminal), and says whether it ran.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from retrain.errors import RetrainError, TransientError
+
+#: Output of DVC or of the stage that means "try again later": the stage's exit 75, DVC's lock, a remote down.
+_TRANSIENT = re.compile(r"exited with 75\b|Unable to acquire lock|unable to connect|Connection refused|timed out",
+                        re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What one stage task did.
+
+    Attributes:
+        name: The stage.
+        ran: True when DVC ran it; False when it was up to date.
+        seconds: Wall time of ``dvc repro`` for it (the stage's own time).
+    """
+
+    name: str
+    ran: bool
+    seconds: float
+
+
+class StageFailed(RetrainError):
+    """A stage exited non-zero; ``lines()`` has its own error lines."""
+
+    def __init__(self, stage: str, lines: list[str]) -> None:
+        self.stage = stage
+        self._lines = [ln for ln in lines if ln.startswith("error:")] or lines[-3:] or ["(no output)"]
+        super().__init__(f"stage {stage} failed: {self._lines[-1]}")
+
+    def lines(self) -> list[str]:
+        return [*self._lines, f"stage {self.stage} failed; the stages after it did not run"]
+
+
+class StageUnavailable(TransientError):
+    """A stage failed for a transient reason; the task retries it."""
+
+
+def dvc_env() -> dict[str, str]:
+    """Environment for DVC and the ``retrain`` commands it runs: this interpreter's bin first, no analytics."""
+    bindir = os.path.dirname(sys.executable)
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1",
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+
+
+def stage_order(root: Path) -> list[str]:
+    """The stages of ``root/dvc.yaml`` in the order ``dvc repro`` runs them (DVC's own planner, not a copy)."""
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import plan_repro
+
+    with warnings.catch_warnings(), Repo(str(root)) as repo:
+        warnings.simplefilter("ignore", DeprecationWarning)  # DVC's own use of a deprecated funcy API
+        stages = repo.stage.collect(str(root / "dvc.yaml"))
+        # The plan also holds the batches' .dvc files: data, not stages to run.
+        return [s.name for s in plan_repro(repo.index.graph, stages) if s in stages]
+
+
+def stream(args: list[str], cwd: Path, on_line: Callable[[str], None], on_idle: Callable[[], None] | None = None,
+           tty: Any = None) -> int:
+    """Run ``args``, calling ``on_line`` for each complete output line; return the exit code.
+
+    A carriage-return frame (a progress bar redrawing) is not a line: only the line's last frame is passed on,
+    and when ``tty`` is a terminal the frames are drawn on it as they come.
+    """
+    proc = subprocess.Popen(args, cwd=cwd, env=dvc_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([fd], [], [], 2.0)
+        if on_idle is not None:
+            on_idle()
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        *lines, pending = (pending + chunk).split(b"\n")
+        if lines and tty is not None:
+            tty.write("\r\033[K")
+        for raw in lines:
+            text = raw.decode("utf-8", "replace").split("\r")[-1].rstrip()
+            if text:
+                on_line(text)
+        if tty is not None and b"\r" in pending:
+            tty.write("\r" + pending.decode("utf-8", "replace").split("\r")[-1][:200])
+            tty.flush()
+    if pending.strip():
+        on_line(pending.decode("utf-8", "replace").split("\r")[-1].rstrip())
+    return proc.wait()
+
+
+def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
+    return isinstance(state.data, TransientError)
+
+
+@task(name="stage", task_run_name="{stage}", retry_condition_fn=_transient_only, cache_policy=NO_CACHE)
+def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> StageRun:
+    """Run one DVC stage (``dvc repro --single-item STAGE``) and stream its output into this task's log.
+
+    Args:
+        root: The workspace.
+        stage: The stage's name in ``dvc.yaml``.
+        progress_epochs: For training: the epochs it will run; a progress artifact then follows its metrics CSV.
+
+    Returns:
+        Whether it ran and how long it took.
+
+    Raises:
+        StageUnavailable: A transient failure (retried by the task's policy).
+        StageFailed: Anything else (bad data, a failed check): not retried.
+    """
+    logger = get_run_logger()
+    tail: deque[str] = deque(maxlen=200)
+
+    def line(text: str) -> None:
+        tail.append(text)
+        logger.info(text)
+
+    progress = None
+    if progress_epochs:
+        from tasks.artifacts import TrainingProgress
+
+        progress = TrainingProgress(Path(root), progress_epochs)
+    tty = sys.stderr if progress is not None and sys.stderr.isatty() else None
+    t0 = time.perf_counter()
+    rc = stream([sys.executable, "-m", "dvc", "repro", "--single-item", stage], Path(root), line,
+                progress.update if progress is not None else None, tty)
+    seconds = time.perf_counter() - t0
+    if progress is not None:
+        progress.finish(rc == 0)
+    lines = list(tail)
+    if rc != 0:
+        if any(_TRANSIENT.search(ln) for ln in lines):
+            raise StageUnavailable(f"stage {stage}: {next(ln for ln in reversed(lines) if _TRANSIENT.search(ln))}")
+        raise StageFailed(stage, lines)
+    ran = any(f"Running stage '{stage}'" in ln for ln in lines)
+    logger.info("stage %s %s in %.1f s", stage, "ran" if ran else "was up to date", seconds)
+    return StageRun(stage, ran, seconds)

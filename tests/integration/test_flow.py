@@ -1,0 +1,221 @@
+"""The retrain flow for real: Prefect (``prefect_test_harness``), DVC in a temp git repo, sqlite MLflow, Lightning.
+
+One workspace (3 generated batches of 16 images, yolo11n at imgsz 64 for 3 epochs) is driven through the flow:
+batch 1 (the first champion), a run with nothing new, a bad batch, batch 2; a clone of the same workspace is driven
+by `retrain ingest` + `dvc repro` alone and must end in the same data versions and registry decisions.  Two
+`retrain run` processes started together must take turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from retrain.paths import Paths
+from retrain.workspace import master_version
+from tests.helpers import flow_run_contents, git, load_json, registry_state, run_cli, run_dvc, tree_hash
+
+STAGES = ["merge", "validate", "train", "evaluate", "promote"]
+TINY_TRAIN = {"imgsz": 64, "epochs": 3, "batch": 8, "cache": "ram", "eval_interval": 1, "workers": 0,
+              "augment": {"close_mosaic": 1}}
+
+
+def _set(root: Path, section: str, **values: Any) -> None:
+    path = root / "params.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc[section] = {**(doc.get(section) or {}), **values}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def tiny_workspace(base: Path, name: str = "ws") -> Paths:
+    """A workspace with a tiny training config, committed, with its DVC remote under ``base``."""
+    from retrain.workspace import init_workspace
+
+    paths = init_workspace(base / name, remote=str(base / f"{name}-remote"))
+    _set(paths.root, "train", **TINY_TRAIN)
+    _set(paths.root, "evaluate", bootstrap=20)
+    _set(paths.root, "promote", min_map=0.0)
+    git("add", "-A", cwd=paths.root)
+    git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "tiny params", cwd=paths.root)
+    return paths
+
+
+def arrive(samples: Path, batch: str, paths: Paths) -> None:
+    shutil.copytree(samples / batch, paths.incoming / batch)
+
+
+def cli_env(prefect_home: Path) -> dict[str, str]:
+    """A `retrain` process on its own local (ephemeral) Prefect API, as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+
+
+@pytest.fixture(scope="module")
+def harness() -> Any:
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from retrain.data.sample import generate
+
+    root = tmp_path_factory.mktemp("flow-samples")
+    generate(root, batches=3, images_per_batch=16, seed=0)
+    return root
+
+
+@pytest.fixture(scope="module")
+def first(harness: Any, samples: Path, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    """The workspace after the flow's first run (batch 1 waiting in data/incoming/)."""
+    from flows.retrain import outcome, retrain
+
+    base = tmp_path_factory.mktemp("flow")
+    paths = tiny_workspace(base)
+    rev0 = git("rev-parse", "HEAD", cwd=paths.root).strip()
+    arrive(samples, "batch-1", paths)
+    state = retrain(project=str(paths.root), return_state=True)
+    return SimpleNamespace(paths=paths, base=base, rev0=rev0, state=state, summary=outcome(state))
+
+
+def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleNamespace) -> None:
+    from flows.retrain import outcome, retrain
+
+    paths, s = first.paths, first.summary
+    assert s["ingested"] == ["batch-1"] and s["stages"] == dict.fromkeys(STAGES, True)
+    assert s["version"] == "1" and s["promoted"] is True and s["data_version"] == master_version(paths)
+    assert not (paths.incoming / "batch-1").exists() and (paths.incoming / ".ingested" / "batch-1").is_dir()
+
+    names, artifacts = flow_run_contents(first.state.state_details.flow_run_id)
+    assert names == ["ingest-batch-1", *STAGES, "git-commit", "dvc-push"]
+    assert {"retrain-validation", "retrain-training", "retrain-evaluation", "retrain-per-class-ap",
+            "retrain-model-version", "retrain-mlflow-run", "retrain-run"} <= set(artifacts)
+    assert float(artifacts["retrain-training"].data) == 100.0
+    assert "## Decision" in artifacts["retrain-evaluation"].data and "promoted" in artifacts["retrain-evaluation"].data
+    table = json.loads(artifacts["retrain-per-class-ap"].data)
+    assert {r["class"] for r in table} == set(load_json(paths.eval_report)["candidate"]["metrics"]["per_class"])
+    assert "/#/models/retrain-detector/versions/1)" in artifacts["retrain-model-version"].data
+    assert "/runs/" in artifacts["retrain-mlflow-run"].data
+
+    # Versioned: one commit naming the data version and the decision; nothing left uncommitted; data pushed.
+    message = git("log", "-1", "--format=%s", cwd=paths.root)
+    assert s["data_version"][:12] in message and "retrain-detector v1 promoted" in message, message
+    assert git("status", "--porcelain", cwd=paths.root).strip() == ""
+    assert "up to date" in run_dvc("status", cwd=paths.root)
+    assert "Running stage" not in run_dvc("repro", cwd=paths.root)
+    assert "in sync" in run_dvc("status", "--cloud", cwd=paths.root)
+
+    # Nothing new: the next run does nothing, quickly, and touches neither the registry nor the data.
+    before = (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
+              git("rev-parse", "HEAD", cwd=paths.root))
+    t0 = time.perf_counter()
+    state = retrain(project=str(paths.root), return_state=True)
+    seconds = time.perf_counter() - t0
+    again = outcome(state)
+    assert again["nothing_to_retrain"] is True and not any(again["stages"].values()), again
+    assert seconds < 30, seconds
+    names, _ = flow_run_contents(state.state_details.flow_run_id)
+    assert names == STAGES  # each stage asked DVC, which said it is up to date
+    assert before == (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
+                      git("rev-parse", "HEAD", cwd=paths.root))
+
+    # The same from the command line, on its own local Prefect API, as a user types it.
+    t0 = time.perf_counter()
+    proc = run_cli("run", cwd=paths.root, env=cli_env(first.base / "prefect-cli"))
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0 and "nothing to retrain" in proc.stdout, proc.stdout + proc.stderr
+    assert seconds < 30, seconds
+
+
+def test_a_bad_batch_fails_the_run_at_ingest_and_changes_nothing(first: SimpleNamespace, samples: Path) -> None:
+    from flows.retrain import retrain
+    from retrain.errors import BatchRejected
+
+    paths = first.paths
+    bad = paths.incoming / "bad-batch"
+    shutil.copytree(samples / "batch-2", bad)
+    doc = load_json(bad / "annotations.json")
+    doc["annotations"][0]["bbox"][0] = 10_000.0  # far outside its image
+    (bad / "annotations.json").write_text(json.dumps(doc))
+    before = (tree_hash(paths.data / "batches"), tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"),
+              registry_state(paths.root), git("rev-parse", "HEAD", cwd=paths.root),
+              git("status", "--porcelain", cwd=paths.root))
+
+    state = retrain(project=str(paths.root), return_state=True)
+    assert state.is_failed()
+    assert isinstance(state.result(raise_on_failure=False), BatchRejected)
+    names, artifacts = flow_run_contents(state.state_details.flow_run_id)
+    assert names == ["ingest-bad-batch"]  # failed at ingest: no stage ran
+    assert "box-inside-image" in artifacts["retrain-ingest-refused"].data
+
+    proc = run_cli("run", cwd=paths.root, env=cli_env(first.base / "prefect-cli"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: batch bad-batch: annotations.json annotation 1: [box-inside-image]" in proc.stderr, proc.stderr
+
+    after = (tree_hash(paths.data / "batches"), tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"),
+             registry_state(paths.root), git("rev-parse", "HEAD", cwd=paths.root),
+             git("status", "--porcelain", cwd=paths.root))
+    assert after == before
+    assert bad.is_dir()  # left waiting, for a person to fix or remove
+    shutil.rmtree(bad)
+
+
+def test_dvc_repro_alone_gives_the_same_data_versions_and_registry_decisions(first: SimpleNamespace,
+                                                                            samples: Path) -> None:
+    from flows.retrain import outcome, retrain
+
+    paths = first.paths
+    arrive(samples, "batch-2", paths)
+    second = outcome(retrain(project=str(paths.root), return_state=True))
+    assert second["ingested"] == ["batch-2"] and second["version"] == "2"
+
+    # A clone of the workspace as it was before the first run; no flow, only the CLI and DVC.
+    clone = first.base / "clone"
+    git("clone", "-q", str(paths.root), str(clone), cwd=first.base)
+    git("reset", "-q", "--hard", first.rev0, cwd=clone)
+    for batch, flow_run in (("batch-1", first.summary), ("batch-2", second)):
+        run_cli("ingest", samples / batch, cwd=clone, check=True)
+        out = run_dvc("repro", cwd=clone)
+        assert all(f"Running stage '{st}'" in out for st in STAGES), out
+        promotion = load_json(clone / "reports" / "promotion.json")
+        assert master_version(Paths.at(clone)) == flow_run["data_version"]
+        assert (promotion["version"], promotion["promoted"], promotion["reasons"]) == \
+            (flow_run["version"], flow_run["promoted"], flow_run["reasons"]), (promotion, flow_run)
+        assert load_json(clone / "reports" / "eval.json")["candidate"]["metrics"]["mAP50-95"] == \
+            pytest.approx(flow_run["candidate_map"], abs=0.02)
+    assert registry_state(clone) == registry_state(paths.root)
+
+
+def test_two_runs_started_together_take_turns(samples: Path, tmp_path: Path) -> None:
+    paths = tiny_workspace(tmp_path)
+    env = cli_env(tmp_path / "prefect")
+    run_cli("run", "--only-if-new", cwd=paths.root, env=env, check=True)  # nothing waits: this only makes Prefect's db
+    arrive(samples, "batch-1", paths)
+    cmd = [sys.executable, "-m", "retrain", "run", "--json"]
+    full_env = {**env, "PATH": os.path.dirname(sys.executable) + os.pathsep + env["PATH"]}
+    procs = [subprocess.Popen(cmd, cwd=paths.root, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    runs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    (a, b) = sorted(runs, key=lambda r: r["held"][0])
+    assert a["held"][1] <= b["held"][0], runs  # never at the same time
+    assert a["ingested"] == ["batch-1"] and a["version"] == "1"
+    assert b["nothing_to_retrain"] is True  # it waited, then found the batch taken and every stage up to date
+    waited = outs[runs.index(b)][1]
+    assert "another retrain run holds" in waited, waited
+    assert registry_state(paths.root)["versions"] == [1]
+    log = git("log", "--format=%s", cwd=paths.root).splitlines()
+    assert sum(m.startswith("retrain: data") for m in log) == 1, log
