@@ -60,3 +60,20 @@ def test_python_tag_is_refused(tmp_path: Path):
 def test_missing_file(tmp_path: Path):
     with pytest.raises(ConfigError, match="file not found"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_prefect_yaml_declares_the_weekly_and_on_new_batch_deployments_of_the_flow_with_the_params_schedule():
+    import yaml
+    from prefect.utilities.importtools import import_object
+
+    doc = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    assert (REPO / "prefect.yaml").read_text() == template_text("prefect.yaml")  # `retrain init` copies it
+    deployments = {d["name"]: d for d in doc["deployments"]}
+    assert set(deployments) == {"weekly", "on-new-batch"}
+    params = parse_params({}).retrain
+    weekly, poll = deployments["weekly"], deployments["on-new-batch"]
+    assert weekly["schedules"] == [{"cron": params.schedule, "timezone": params.timezone}]
+    assert poll["schedules"] == [{"interval": params.poll_interval}] and poll["parameters"]["only_if_new"] is True
+    for d in (weekly, poll):
+        assert import_object(d["entrypoint"]).name == "retrain"  # the installed flow, loadable by a worker
+        assert d["concurrency_limit"] == {"limit": 1, "collision_strategy": "ENQUEUE"}
