@@ -154,14 +154,13 @@ def _loop(paths: Paths, params: Params, summary: dict[str, Any]) -> None:
     summary["data_version"] = master_version(paths)
     if summary["stages"].get("evaluate"):
         summary.update(eval_scores(paths))
-    if not summary["ingested"] and not any(summary["stages"].values()):
-        summary["nothing_to_retrain"] = True
-        return
-    if params.retrain.commit:
+    summary["nothing_to_retrain"] = not summary["ingested"] and not any(summary["stages"].values())
+    if params.retrain.commit and not summary["nothing_to_retrain"]:
         summary["commit"] = git_commit(str(paths.root), _message(summary))
-    if params.retrain.push:
+    if params.retrain.push:  # every run: it also sends what an earlier run failed to push (nothing else: ~1 s)
         dvc_push.with_options(**_stage_options(params))(str(paths.root))
-    publish_summary(summary)
+    if not summary["nothing_to_retrain"]:
+        publish_summary(summary)
 
 
 def outcome(state: Any) -> dict[str, Any]:

@@ -7,13 +7,30 @@ a candidate on old + new data that is compared with the champion and promoted or
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 from retrain.data.sample import generate
 from retrain.paths import Paths
-from retrain.workspace import dvc, init_workspace, require_workspace
+from retrain.workspace import commit, dvc, init_workspace, require_workspace
+
+#: The demo's batches are small (40 images): at the default batch of 16 an epoch is 2 optimizer steps and the first
+#: model learns nothing in 30 epochs; at 8 it reaches mAP50-95 ~0.6 in the same time.
+DEMO_BATCH = 8
+
+
+def _demo_params(paths: Paths) -> None:
+    """Set ``train.batch`` for the demo's small batches, keeping params.yaml's comments; commit it."""
+    text = paths.params.read_text(encoding="utf-8")
+    head, sep, rest = text.partition("\ntrain:")
+    train, nxt, tail = rest.partition("\nevaluate:")
+    edited = re.sub(r"(?m)^  batch: 16$", f"  batch: {DEMO_BATCH}", train, count=1)
+    if not sep or edited == train:
+        return  # params were edited by hand: leave them alone
+    paths.params.write_text(head + sep + edited + nxt + tail, encoding="utf-8")
+    commit(paths, f"demo: train.batch {DEMO_BATCH} for 40-image batches")
 
 
 def _map(x: float | None) -> str:
@@ -40,7 +57,8 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
     paths = Paths.at(workspace)
     if not (paths.root / ".dvc").is_dir():
         init_workspace(paths.root)
-        yield f"workspace made: {paths.root}"
+        _demo_params(paths)
+        yield f"workspace made: {paths.root} (train.batch {DEMO_BATCH} for the small sample batches)"
     require_workspace(paths)
     shutil.rmtree(paths.cache / "samples", ignore_errors=True)
     rows = []

@@ -127,7 +127,7 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     assert again["nothing_to_retrain"] is True and not any(again["stages"].values()), again
     assert seconds < 30, seconds
     names, _ = flow_run_contents(state.state_details.flow_run_id)
-    assert names == STAGES  # each stage asked DVC, which said it is up to date
+    assert names == [*STAGES, "dvc-push"]  # each stage asked DVC, which said it is up to date; push is a no-op
     assert before == (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
                       git("rev-parse", "HEAD", cwd=paths.root))
 
@@ -170,6 +170,57 @@ def test_a_bad_batch_fails_the_run_at_ingest_and_changes_nothing(first: SimpleNa
     assert after == before
     assert bad.is_dir()  # left waiting, for a person to fix or remove
     shutil.rmtree(bad)
+
+
+def test_a_validation_failure_stops_the_run_before_training_with_the_summary(first: SimpleNamespace) -> None:
+    from flows.retrain import retrain
+    from tasks.stages import StageFailed
+
+    paths = first.paths
+    params = (paths.root / "params.yaml").read_text()
+    _set(paths.root, "validate", val_fraction_min=0.45, val_fraction_level="fail")  # the master has ~20% in val
+    before = (tree_hash(paths.master), tree_hash(paths.candidate), registry_state(paths.root))
+    try:
+        state = retrain(project=str(paths.root), return_state=True)
+    finally:
+        (paths.root / "params.yaml").write_text(params)
+    assert state.is_failed()
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, StageFailed) and error.stage == "validate", error
+    names, artifacts = flow_run_contents(state.state_details.flow_run_id)
+    assert names == ["merge", "validate"]  # failed at once: no retry, nothing after it
+    summary = artifacts["retrain-validation"].data
+    assert "FAILED" in summary and "val-fraction" in summary and "index.html" in summary, summary
+    assert (tree_hash(paths.master), tree_hash(paths.candidate), registry_state(paths.root)) == before
+    # Only the validation report changed (it says what failed), and the pass record of this master is gone.
+    changed = {line[3:] for line in git("status", "--porcelain", cwd=paths.root).splitlines()}
+    assert changed == {"reports/validation.json", "reports/validated.json"}, changed
+
+
+def test_an_unreachable_dvc_remote_is_retried_with_backoff_then_fails_with_the_reason(first: SimpleNamespace) -> None:
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.retrain import retrain
+    from retrain.errors import TransientError
+
+    paths = first.paths
+    params = (paths.root / "params.yaml").read_text()
+    _set(paths.root, "retrain", retries=2, retry_delay=0.2)
+    run_dvc("remote", "modify", "--local", "local", "url", "http://127.0.0.1:9/dvc-remote", cwd=paths.root)
+    try:
+        state = retrain(project=str(paths.root), return_state=True)
+    finally:
+        (paths.root / "params.yaml").write_text(params)
+        (paths.root / ".dvc" / "config.local").unlink()
+    assert state.is_failed() and isinstance(state.result(raise_on_failure=False), TransientError)
+    assert "dvc push" in state.message, state.message
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    push = next(r for r in runs if r.name == "dvc-push")
+    assert push.run_count == 3 and push.state is not None and push.state.is_failed()  # 1 try + 2 retries
+    assert all(r.run_count == 1 for r in runs if r.name in STAGES)
 
 
 def test_dvc_repro_alone_gives_the_same_data_versions_and_registry_decisions(first: SimpleNamespace,
