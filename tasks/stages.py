@@ -24,9 +24,9 @@ from prefect.cache_policies import NO_CACHE
 
 from retrain.errors import RetrainError, TransientError
 
-#: Output of DVC or of the stage that means "try again later": the stage's exit 75, DVC's lock, a remote down.
-_TRANSIENT = re.compile(r"exited with 75\b|Unable to acquire lock|unable to connect|Connection refused|timed out",
-                        re.IGNORECASE)
+#: DVC's own error line when the stage exited 75 (``TransientError``: registry or remote unreachable) or when
+#: another DVC process held the repository's lock: worth a retry.  Anything else (bad data, a bug) is not.
+_TRANSIENT = re.compile(r"exited with 75\b|Unable to acquire lock")
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,10 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
         progress.finish(rc == 0)
     lines = list(tail)
     if rc != 0:
-        if any(_TRANSIENT.search(ln) for ln in lines):
-            raise StageUnavailable(f"stage {stage}: {next(ln for ln in reversed(lines) if _TRANSIENT.search(ln))}")
+        why = [ln for ln in lines if ln.startswith("ERROR") and _TRANSIENT.search(ln)]
+        if why:
+            said = [ln for ln in lines if ln.startswith("error: unavailable")]  # the stage's own reason, if it gave one
+            raise StageUnavailable(f"stage {stage}: {(said or why)[-1]}")
         raise StageFailed(stage, lines)
     ran = any(f"Running stage '{stage}'" in ln for ln in lines)
     logger.info("stage %s %s in %.1f s", stage, "ran" if ran else "was up to date", seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,12 @@ def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def workspace(tmp_path: Path) -> Paths:
     """A fresh workspace (git + DVC) whose DVC remote is a temp folder."""
     return init_workspace(tmp_path / "ws", remote=str(tmp_path / "remote"))
+
+
+@pytest.fixture(scope="session")
+def harness() -> Iterator[None]:
+    """Prefect's test harness: a temporary local API with its own database, for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

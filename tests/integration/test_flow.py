@@ -61,14 +61,6 @@ def cli_env(prefect_home: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def harness() -> Any:
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
-
-
-@pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from retrain.data.sample import generate
 
