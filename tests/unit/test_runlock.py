@@ -1,0 +1,50 @@
+"""One run at a time per workspace: the flock, the owner's record, a killed owner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from retrain.errors import WorkspaceBusy
+from retrain.paths import Paths
+from retrain.runlock import run_lock
+
+HOLD = """\
+import os, signal, sys, time
+from retrain.paths import Paths
+from retrain.runlock import run_lock
+with run_lock(Paths.at(sys.argv[1]), {"flow_run_id": "run-a"}, 0):
+    print("held", flush=True)
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+"""
+
+
+def test_a_killed_owner_leaves_the_lock_free_and_its_record_for_the_next_run(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", HOLD, str(tmp_path), "kill"], capture_output=True, text=True)
+    assert proc.returncode == -9 and proc.stdout == "held\n"
+    with run_lock(Paths.at(tmp_path), {"flow_run_id": "run-b"}, timeout=0) as previous:
+        assert previous["flow_run_id"] == "run-a" and previous["pid"] != os.getpid()
+    with run_lock(Paths.at(tmp_path), {}, timeout=0) as previous:
+        assert previous == {}  # run-b exited cleanly: no record left
+
+
+def test_a_second_run_waits_then_gives_up_naming_the_owner(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "hold"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        seen: list[dict] = []
+        with pytest.raises(WorkspaceBusy, match=f"pid {holder.pid} .*flow run run-a.*gave up after 0.5 s"), \
+                run_lock(Paths.at(tmp_path), {}, timeout=0.5, on_wait=seen.append, poll=0.1):
+            pass
+        assert seen and seen[0]["pid"] == holder.pid  # told once, with who holds it
+    finally:
+        holder.kill()
+        holder.wait()
+    with run_lock(Paths.at(tmp_path), {}, timeout=0):  # free again once the holder is gone
+        pass
