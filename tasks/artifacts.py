@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,9 @@ def _json(path: Path) -> dict[str, Any] | None:
 
 
 class TrainingProgress:
-    """A progress artifact that follows the epochs in the training's metrics CSV.
+    """A progress artifact, and on a terminal a progress bar, that follow the epochs in the training's metrics CSV.
 
-    It appears once the CSV changes (training started; an up-to-date stage makes none).
+    They appear once the CSV changes (training started; an up-to-date stage makes none).
     """
 
     def __init__(self, root: Path, epochs: int) -> None:
@@ -42,6 +43,7 @@ class TrainingProgress:
         self.start_mtime = self.csv.stat().st_mtime_ns if self.csv.exists() else None
         self.artifact: Any = None
         self.shown = -1.0
+        self.bar: Any = None
 
     def _epochs_seen(self) -> int:
         try:
@@ -54,6 +56,12 @@ class TrainingProgress:
     def _show(self, percent: float) -> None:
         if percent == self.shown:
             return
+        if sys.stderr.isatty():  # the stage's own bar cannot draw through the log pipe: this one does
+            if self.bar is None:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=self.epochs, desc="training", unit="epoch", file=sys.stderr, leave=True)
+            self.bar.update(round(percent * self.epochs / 100) - self.bar.n)
         if self.artifact is None:
             self.artifact = create_progress_artifact(percent, key="retrain-training",
                                                      description=f"training epochs ({self.epochs} planned)")
@@ -71,6 +79,8 @@ class TrainingProgress:
         """At 100% when training finished (early stopping included); left where it was when it failed."""
         if ok and self.artifact is not None:
             self._show(100.0)
+        if self.bar is not None:
+            self.bar.close()
 
 
 def publish_validation(paths: Paths, failed: bool) -> None:

@@ -79,12 +79,11 @@ def stage_order(root: Path) -> list[str]:
         return [s.name for s in plan_repro(repo.index.graph, stages) if s in stages]
 
 
-def stream(args: list[str], cwd: Path, on_line: Callable[[str], None], on_idle: Callable[[], None] | None = None,
-           tty: Any = None) -> int:
-    """Run ``args``, calling ``on_line`` for each complete output line; return the exit code.
+def stream(args: list[str], cwd: Path, on_line: Callable[[str], None],
+           on_idle: Callable[[], None] | None = None) -> int:
+    """Run ``args``, calling ``on_line`` for each complete output line (and ``on_idle`` every ~2 s); the exit code.
 
-    A carriage-return frame (a progress bar redrawing) is not a line: only the line's last frame is passed on,
-    and when ``tty`` is a terminal the frames are drawn on it as they come.
+    A carriage-return frame (a progress bar redrawing) is not a line: only a line's last frame is passed on.
     """
     proc = subprocess.Popen(args, cwd=cwd, env=dvc_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL)
@@ -101,15 +100,10 @@ def stream(args: list[str], cwd: Path, on_line: Callable[[str], None], on_idle: 
         if not chunk:
             break
         *lines, pending = (pending + chunk).split(b"\n")
-        if lines and tty is not None:
-            tty.write("\r\033[K")
         for raw in lines:
             text = raw.decode("utf-8", "replace").split("\r")[-1].rstrip()
             if text:
                 on_line(text)
-        if tty is not None and b"\r" in pending:
-            tty.write("\r" + pending.decode("utf-8", "replace").split("\r")[-1][:200])
-            tty.flush()
     if pending.strip():
         on_line(pending.decode("utf-8", "replace").split("\r")[-1].rstrip())
     return proc.wait()
@@ -147,10 +141,9 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
         from tasks.artifacts import TrainingProgress
 
         progress = TrainingProgress(Path(root), progress_epochs)
-    tty = sys.stderr if progress is not None and sys.stderr.isatty() else None
     t0 = time.perf_counter()
     rc = stream([sys.executable, "-m", "dvc", "repro", "--single-item", stage], Path(root), line,
-                progress.update if progress is not None else None, tty)
+                progress.update if progress is not None else None)
     seconds = time.perf_counter() - t0
     if progress is not None:
         progress.finish(rc == 0)
