@@ -28,15 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from eval_speed import cpu_model
 from merge_scaling import update_results_md
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def flow_run(root: Path, only_if_new: bool = False) -> dict[str, Any]:
@@ -92,7 +85,8 @@ def section(full: dict[str, Any], idle: dict[str, Any], cli: float, api_start: f
               f"| **overhead of the call** (creating the run, states, logs, results) | **{full['call_overhead']:.2f} s "
               f"({100 * full['call_overhead'] / full['call']:.1f}%)** | **{idle['call_overhead']:.2f} s** |",
               "", f"Once per process, before the first flow run: Prefect's local ephemeral API starts (a new process "
-              f"with its own database here): {api_start:.1f} s, not counted above (with a running `prefect server` there is no such start). "
+              f"with its own database here): {api_start:.1f} s, not counted above (with a running `prefect server` "
+              f"there is no such start). "
               f"The whole `retrain run` command with nothing new (new process: imports, the API's start, the flow): "
               f"{cli:.1f} s.", ""]
     worst = max(full["call_overhead"], idle["call_overhead"])
