@@ -112,6 +112,19 @@ def test_a_served_deployment_runs_the_stages_on_a_real_prefect_server(prefect_se
         _stop(serve)
         log.close()
 
+    # The same deployments from the workspace's prefect.yaml, for a process work pool (no worker started here).
+    prefect = [sys.executable, "-m", "prefect", "--no-prompt"]
+    for args in (["work-pool", "create", "retrain", "--type", "process"], ["deploy", "--all"]):
+        proc = subprocess.run([*prefect, *args], cwd=paths.root, env={**prefect_server.env, "PWD": str(paths.root)},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with temporary_settings({PREFECT_API_URL: prefect_server.api}), get_client(sync_client=True) as client:
+        deployed = {n: client.read_deployment_by_name(f"retrain/{n}") for n in ("weekly", "on-new-batch")}
+    for name, d in deployed.items():
+        assert d.work_pool_name == "retrain" and d.entrypoint == "flows.retrain:retrain", (name, d)
+        assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(paths.root)}}]
+    assert deployed["weekly"].schedules[0].schedule.cron == "0 3 * * 1"
+
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("no headless Chromium here: the UI page was not looked at (everything above passed)")
