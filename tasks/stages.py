@@ -23,6 +23,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from retrain.errors import RetrainError, TransientError
+from retrain.lifeline import ENV as LIFELINE_ENV
+from retrain.lifeline import PARENT_ENV as LIFELINE_PARENT
 
 #: DVC's own error line when the stage exited 75 (``TransientError``: registry or remote unreachable) or when
 #: another DVC process held the repository's lock: worth a retry.  Anything else (bad data, a bug) is not.
@@ -61,9 +63,11 @@ class StageUnavailable(TransientError):
 
 
 def dvc_env() -> dict[str, str]:
-    """Environment for DVC and the ``retrain`` commands it runs: this interpreter's bin first, no analytics."""
+    """Environment for DVC and the ``retrain`` commands it runs: this interpreter's bin first, no analytics, and
+    every process of the stage dies with the flow's process (``retrain.lifeline``)."""
     bindir = os.path.dirname(sys.executable)
-    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1",
+    return {**os.environ, "DVC_NO_ANALYTICS": "1", "PYTHONUNBUFFERED": "1", LIFELINE_ENV: "1",
+            LIFELINE_PARENT: str(os.getpid()),
             "PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
 
 
@@ -142,7 +146,7 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
 
         progress = TrainingProgress(Path(root), progress_epochs)
     t0 = time.perf_counter()
-    rc = stream([sys.executable, "-m", "dvc", "repro", "--single-item", stage], Path(root), line,
+    rc = stream([sys.executable, "-m", "retrain.lifeline", "dvc", "repro", "--single-item", stage], Path(root), line,
                 progress.update if progress is not None else None)
     seconds = time.perf_counter() - t0
     if progress is not None:

@@ -293,6 +293,10 @@ def demo(
 def main() -> None:
     """Console entry point: expected failures print their lines and exit non-zero, without a traceback."""
     os.environ.setdefault("YOLO_OFFLINE", "true")  # ultralytics must never download weights or fonts
+    if os.environ.get("RETRAIN_DIE_WITH_PARENT") == "1":  # a stage the flow started (through DVC): see lifeline.py
+        from retrain.lifeline import die_with_parent
+
+        die_with_parent()
     try:
         app()
     except RetrainError as e:
