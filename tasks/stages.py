@@ -134,9 +134,13 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
         StageFailed: Anything else (bad data, a failed check): not retried.
     """
     logger = get_run_logger()
-    tail: deque[str] = deque(maxlen=200)
+    tail: deque[str] = deque(maxlen=200)  # for the error lines; a long stage logs more than it keeps
+    started = f"Running stage '{stage}'"
+    ran = False
 
     def line(text: str) -> None:
+        nonlocal ran
+        ran = ran or started in text
         tail.append(text)
         logger.info(text)
 
@@ -158,6 +162,5 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
             said = [ln for ln in lines if ln.startswith("error: unavailable")]  # the stage's own reason, if it gave one
             raise StageUnavailable(f"stage {stage}: {(said or why)[-1]}")
         raise StageFailed(stage, lines)
-    ran = any(f"Running stage '{stage}'" in ln for ln in lines)
     logger.info("stage %s %s in %.1f s", stage, "ran" if ran else "was up to date", seconds)
     return StageRun(stage, ran, seconds)
