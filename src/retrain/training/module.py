@@ -24,9 +24,16 @@ from retrain.training.data import Master, hyperparameters
 
 
 def build_model(model_yaml: str | dict[str, Any], names: tuple[str, ...] | list[str]) -> DetectionModel:
-    """An untrained ``DetectionModel`` for ``names`` from an ultralytics yaml name or dict (nothing downloaded)."""
+    """An untrained ``DetectionModel`` for ``names`` from an ultralytics yaml name or dict (nothing downloaded).
+
+    Built in ultralytics' restricted mode: nothing of the yaml is ``eval()``ed, and its layers must be nn.Modules
+    (a model file's yaml comes with the file, which may be hostile).
+    """
+    from retrain.training.weights import no_eval
+
     cfg = deepcopy(model_yaml) if isinstance(model_yaml, dict) else model_yaml
-    model = DetectionModel(cfg=cfg, ch=3, nc=len(names), verbose=False)
+    with no_eval():
+        model = DetectionModel(cfg=cfg, ch=3, nc=len(names), verbose=False)
     model.names = dict(enumerate(names))
     return model
 

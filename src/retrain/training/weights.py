@@ -5,15 +5,21 @@ so it loads with ``weights_only=True``: no pickled objects, nothing executed.  A
 pickle of model objects; it is loaded only after ``torch.serialization.get_unsafe_globals_in_checkpoint``
 (which reads the pickle without running it) shows nothing but classes from torch and ultralytics' ``nn``
 package, and then still with ``weights_only=True`` restricted to exactly those classes.  Anything else
-(``os.system``, ``builtins.eval``, ``getattr`` ...) is refused before a byte of it runs.
+(``os.system``, ``builtins.eval``, ``getattr``, a class that loads other files such as ``AutoBackend`` ...) is
+refused before a byte of it runs.  A model yaml is code to ultralytics (its ``activation`` is ``eval()``ed and its
+layer names are looked up among ``ultralytics.nn.tasks``' globals and called): every model is built, and every
+``.pt`` unpickled, in ultralytics' restricted mode (no ``eval``, only ``nn.Module`` layers), and a model file
+whose yaml does not build that way is refused when it is loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,24 @@ FORMAT = "retrain-detector-v1"
 _ALLOWED_PREFIXES = ("torch.nn.modules.", "torch.nn.parameter.", "ultralytics.nn.", "collections.OrderedDict",
                      "ultralytics.utils.IterableSimpleNamespace", "torch._utils._rebuild", "torch.FloatStorage",
                      "torch.HalfStorage", "torch.BFloat16Storage", "torch.LongStorage", "torch.Size")
+#: Of those, the modules whose nn.Module classes are model layers (as ultralytics' own restricted loading: not
+#: ``ultralytics.nn.autobackend.AutoBackend``, whose constructor, called by a pickle, loads any file unsafely).
+_LAYER_MODULES = ("torch.nn.modules.", "ultralytics.nn.modules.", "ultralytics.nn.tasks")
+_DATA_CLASSES = ("collections.OrderedDict", "ultralytics.utils.IterableSimpleNamespace", "torch.nn.parameter.")
+
+
+@contextlib.contextmanager
+def no_eval() -> Iterator[None]:
+    """ultralytics' restricted mode for this thread: ``parse_model`` evaluates nothing and builds only nn.Module
+    layers (the mode its own ``weights_only`` loading uses)."""
+    from ultralytics.nn.tasks import _SafeLoad
+
+    before = getattr(_SafeLoad._local, "active", False)
+    _SafeLoad._local.active = True
+    try:
+        yield
+    finally:
+        _SafeLoad._local.active = before
 
 
 class ModelFileError(RetrainError):
@@ -88,9 +112,14 @@ def load_model_file(path: Path) -> ModelFile:
     if not path.is_file():
         raise ModelFileError(f"{path}: model file not found")
     unsafe = _unsafe_globals(path)
-    if not unsafe:
-        return _retrain_file(path, _torch_load(path, []))
-    return _ultralytics_file(path, unsafe)
+    mf = _retrain_file(path, _torch_load(path, [])) if not unsafe else _ultralytics_file(path, unsafe)
+    try:
+        mf.build()  # restricted (see build_model): a yaml that names code fails here, before anyone runs it
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelFileError(f"{path}: refused: its model yaml does not build as plain model layers "
+                             f"({type(e).__name__}: {first}); nothing of it was run") from e
+    return mf
 
 
 def _unsafe_globals(path: Path) -> list[str]:
@@ -102,7 +131,7 @@ def _unsafe_globals(path: Path) -> list[str]:
 
 def _torch_load(path: Path, allowed: list[Any]) -> Any:
     try:
-        with torch.serialization.safe_globals(allowed):
+        with torch.serialization.safe_globals(allowed), no_eval():
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ModelFileError(f"{path}: cannot be loaded safely ({type(e).__name__}: {str(e).splitlines()[0]})") from e
@@ -129,6 +158,10 @@ def _ultralytics_file(path: Path, unsafe: list[str]) -> ModelFile:
         obj = getattr(importlib.import_module(module), name, None)
         if not isinstance(obj, type):
             raise ModelFileError(f"{path}: refused: {g} is not a class; nothing was loaded")
+        layer = g.startswith(_LAYER_MODULES) and issubclass(obj, torch.nn.Module)
+        if not layer and not g.startswith(_DATA_CLASSES):
+            raise ModelFileError(f"{path}: refused: its pickle names {g}, which is not a model layer; "
+                                 "nothing was loaded")
         classes.append(obj)
     ckpt = _torch_load(path, classes)
     model = (ckpt.get("ema") or ckpt.get("model")) if isinstance(ckpt, dict) else None
