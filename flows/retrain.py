@@ -17,7 +17,7 @@ from prefect.tasks import exponential_backoff
 from retrain.config import Params, load_params
 from retrain.errors import RetrainError
 from retrain.paths import Paths
-from retrain.runlock import describe, run_lock
+from retrain.runlock import describe, repair_dvc_locks, run_lock
 from retrain.workspace import master_version, require_workspace
 from tasks.artifacts import eval_scores, publish_evaluation, publish_summary, publish_validation
 from tasks.ingest import ingest_batch, waiting
@@ -120,6 +120,8 @@ def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: b
         summary["held"] = [time.time(), None]  # when this run owned the workspace (wall clock, for the overlap test)
         try:
             _mark_crashed(previous)
+            for line in repair_dvc_locks(paths.root):
+                logger.warning(line)
             _loop(paths, load_params(paths.params), summary)  # params as they are now that this run owns it
         finally:
             summary["held"][1] = time.time()

@@ -13,7 +13,7 @@ from prefect.cache_policies import NO_CACHE
 
 from retrain.config import load_params
 from retrain.data.ingest import ingest
-from retrain.errors import RetrainError
+from retrain.errors import RetrainError, disk_full
 from retrain.paths import Paths
 
 #: Where an ingested delivery is moved from ``data/incoming/`` (git-ignored; safe to delete: the batch is in DVC).
@@ -72,6 +72,12 @@ def ingest_batch(root: str, source: str, name: str) -> dict[str, Any]:
                                  + "".join(f"- {ln}\n" for ln in e.lines()),
                                  key="retrain-ingest-refused", description=f"why batch {name} was refused")
         raise
+    except OSError as e:  # a full disk is one line too; ingest wrote nothing (it stages, then renames)
+        full = disk_full(e, str(paths.staging))
+        if full is None:
+            raise
+        logger.error(str(full))
+        raise full from e
     for note in result.notes:
         logger.info("note: batch %s: %s", result.name, note)
     moved = _set_aside(paths, Path(source))

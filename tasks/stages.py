@@ -51,7 +51,8 @@ class StageFailed(RetrainError):
 
     def __init__(self, stage: str, lines: list[str]) -> None:
         self.stage = stage
-        self._lines = [ln for ln in lines if ln.startswith("error:")] or lines[-3:] or ["(no output)"]
+        errors = [ln.removeprefix("error:").strip() for ln in lines if ln.startswith("error:")]
+        self._lines = errors or lines[-3:] or ["(no output)"]  # the CLI adds its own "error: " to each line
         super().__init__(f"stage {stage} failed: {self._lines[-1]}")
 
     def lines(self) -> list[str]:

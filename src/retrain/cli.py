@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from retrain.errors import RetrainError, TransientError, ValidationFailed, transient_reason
+from retrain.errors import RetrainError, TransientError, ValidationFailed, disk_full, transient_reason
 
 if TYPE_CHECKING:
     from retrain.config import Params
@@ -304,6 +304,10 @@ def main() -> None:
             typer.echo(f"error: {line}", err=True)
         sys.exit(e.exit_code)
     except Exception as e:  # a service down is one line and exit 75, which the flow retries; a bug keeps its traceback
+        full = disk_full(e)
+        if full is not None:
+            typer.echo(f"error: {full}", err=True)
+            sys.exit(full.exit_code)
         reason = transient_reason(e)
         if reason is None:
             raise

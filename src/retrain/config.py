@@ -193,6 +193,9 @@ class FlowParams(_Section):
     retries: int = Field(default=3, ge=0, le=10, description="Retries of a stage or push that failed for a "
                          "transient reason (registry or remote unreachable); bad data is never retried.")
     retry_delay: float = Field(default=10.0, ge=0, description="First retry delay in seconds; it doubles each time.")
+    registry_wait: float = Field(default=120.0, ge=0, description="Seconds one registry call is retried, with "
+                                 "backoff, while the store is busy (sqlite locked) or unreachable, before the stage "
+                                 "fails with exit 75 (which the flow retries `retries` times).")
     mlflow_ui: str = Field(default="http://127.0.0.1:5000", description="Base URL of `mlflow ui` for the links in "
                            "the Prefect UI when MLflow is a local store (a server's URL is used as it is).")
 

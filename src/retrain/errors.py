@@ -7,8 +7,11 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class RetrainError(Exception):
@@ -89,6 +92,43 @@ class TransientError(RetrainError):
     """
 
     exit_code = 75
+
+
+class DiskFull(RetrainError):
+    """A write failed because its disk (or quota) is full; the message names the file and the disk."""
+
+    @classmethod
+    def of(cls, exc: OSError, fallback: str | None = None) -> DiskFull:
+        """The one-line report of ``exc`` (an ``ENOSPC``/``EDQUOT``), with the disk's mount point and free space."""
+        import shutil
+
+        path = Path(exc.filename or fallback or Path.cwd()).absolute()
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        mount = probe
+        while not os.path.ismount(mount) and mount != mount.parent:
+            mount = mount.parent
+        try:
+            free = f"{shutil.disk_usage(probe).free / 2**20:.0f} MiB free"
+        except OSError:
+            free = "free space unknown"
+        what = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+        return cls(f"{what} writing {path} (the disk mounted at {mount}: {free}); free some space and run again")
+
+
+def disk_full(exc: BaseException, fallback: str | None = None) -> DiskFull | None:
+    """``exc`` as a ``DiskFull`` when an ``ENOSPC``/``EDQUOT`` is anywhere in its chain, else ``None``."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, DiskFull):
+            return e
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return DiskFull.of(e, fallback)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 class WorkspaceBusy(RetrainError):

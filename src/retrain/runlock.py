@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from retrain.errors import WorkspaceBusy
@@ -94,3 +95,60 @@ def run_lock(paths: Paths, owner: dict[str, Any], timeout: float,
             os.ftruncate(fd, 0)  # a clean exit leaves no record: a record found later means its owner was killed
     finally:
         os.close(fd)  # closing drops the flock
+
+
+def _dvc_process(pid: int) -> bool:
+    import psutil
+
+    try:
+        return any("dvc" in part for part in psutil.Process(pid).cmdline())
+    except (psutil.Error, OSError):
+        return False
+
+
+def repair_dvc_locks(root: Path) -> list[str]:
+    """Repair what a killed ``dvc`` left in ``.dvc/tmp/rwlock``, once this run owns the workspace.
+
+    DVC itself drops an rwlock entry whose pid is gone, but a file cut short mid-write ("JSON structure is
+    corrupted") stops every later ``dvc repro``, and an entry whose pid now belongs to another program blocks
+    its path forever.  Both are repaired only while DVC's own repository lock (``.dvc/tmp/lock``, a ``flock``)
+    is free, i.e. no ``dvc`` command works in this workspace.
+
+    Returns:
+        What was repaired, one line each.
+    """
+    tmp = root / ".dvc" / "tmp"
+    rw = tmp / "rwlock"
+    if not rw.exists():
+        return []
+    fd = os.open(tmp / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return []  # a dvc command is at work here now: its locks are live
+        done: list[str] = []
+        raw = rw.read_bytes()
+        try:
+            doc = json.loads(raw)
+            if not (isinstance(doc, dict) and set(doc) <= {"read", "write"}
+                    and all(isinstance(v, dict) for v in doc.values())):
+                raise ValueError("not a DVC rwlock")
+        except ValueError:
+            rw.unlink()
+            done.append(f"{rw}: unreadable ({raw[:40]!r}...), left by a killed dvc: removed")
+        else:
+            def stale(info: Any) -> bool:
+                return isinstance(info, dict) and not _dvc_process(int(info.get("pid", -1)))
+
+            write = {p: i for p, i in doc.get("write", {}).items() if not stale(i)}
+            read = {p: [i for i in infos if not stale(i)] for p, infos in doc.get("read", {}).items()}
+            read = {p: infos for p, infos in read.items() if infos}
+            if write != doc.get("write", {}) or read != doc.get("read", {}):
+                from retrain.fsutil import write_atomic
+
+                write_atomic(rw, json.dumps({"read": read, "write": write}))
+                done.append(f"{rw}: dropped entries of processes that are not dvc (killed, pid reused)")
+        return done
+    finally:
+        os.close(fd)

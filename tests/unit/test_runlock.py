@@ -48,3 +48,34 @@ def test_a_second_run_waits_then_gives_up_naming_the_owner(tmp_path: Path) -> No
         holder.wait()
     with run_lock(Paths.at(tmp_path), {}, timeout=0):  # free again once the holder is gone
         pass
+
+
+def test_dvc_locks_left_by_a_killed_dvc_are_repaired_only_while_no_dvc_works_here(tmp_path: Path) -> None:
+    import fcntl
+    import json
+
+    from retrain.runlock import repair_dvc_locks
+
+    tmp = tmp_path / ".dvc" / "tmp"
+    tmp.mkdir(parents=True)
+    rw = tmp / "rwlock"
+    assert repair_dvc_locks(tmp_path) == []  # nothing there
+    # An entry of a live dvc is kept; one whose pid now belongs to a program that is not dvc is dropped.
+    dvc_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dvc", "repro"])
+    try:
+        doc = {"read": {"data/batches": [{"pid": dvc_like.pid, "cmd": "dvc repro"}]},
+               "write": {"data/master": {"pid": os.getpid(), "cmd": "dvc repro"}}}
+        rw.write_text(json.dumps(doc))
+        [line] = repair_dvc_locks(tmp_path)
+        assert "dropped entries" in line
+        assert json.loads(rw.read_text()) == {"read": doc["read"], "write": {}}
+    finally:
+        dvc_like.kill()
+        dvc_like.wait()
+    # A file cut short mid-write is removed, but not while a dvc command holds DVC's repository lock.
+    rw.write_text('{"read": {"data/ba')
+    with open(tmp / "lock", "w") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        assert repair_dvc_locks(tmp_path) == [] and rw.exists()
+    [line] = repair_dvc_locks(tmp_path)
+    assert "unreadable" in line and not rw.exists()

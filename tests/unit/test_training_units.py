@@ -162,3 +162,29 @@ def test_persistent_loader_workers_draw_each_epoch_as_a_resumed_run_does(tmp_pat
     for a, b in zip(unbroken[1:], resumed, strict=True):
         assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not all(torch.equal(x, y) for x, y in zip(unbroken[0], unbroken[1], strict=False))  # epochs do differ
+
+
+def test_training_re_hashes_every_image_and_names_a_damaged_or_missing_one(tmp_path: Path):
+    import hashlib
+
+    from retrain.errors import ValidationFailed
+    from retrain.training.data import Master, verify_images
+
+    images = []
+    for i in range(3):
+        f = tmp_path / "batches" / "b" / "images" / f"{i}.jpg"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(bytes([i]) * 100)
+        images.append({"id": i + 1, "file_name": f"batches/b/images/{i}.jpg",
+                       "sha256": hashlib.sha256(f.read_bytes()).hexdigest()})
+    master = Master({"images": images, "annotations": [], "categories": []}, (), (), "v", tmp_path)
+    assert verify_images(master) == 3
+    damaged = tmp_path / "batches" / "b" / "images" / "1.jpg"
+    damaged.write_bytes(b"\x01" * 99 + b"\x00")
+    (tmp_path / "batches" / "b" / "images" / "2.jpg").unlink()
+    with pytest.raises(ValidationFailed) as e:
+        verify_images(master)
+    lines = e.value.lines()
+    assert lines[0].startswith("batches/b/images/1.jpg: [image-sha256] sha256 ")
+    assert lines[1].startswith("batches/b/images/2.jpg: [image-sha256] cannot be read")
+    assert "2 of 3 images differ from what was ingested; nothing was trained" in lines[-1]

@@ -181,7 +181,7 @@ def merge(paths: Paths, params: MergeParams) -> MergeResult:
     stage.mkdir()
     try:
         (stage / "annotations.json").write_text(dumps_canonical(result.coco), encoding="utf-8")
-        fault_point("merge.half-written")
+        fault_point("merge.half-written", stage / "manifest.csv")
         (stage / "manifest.csv").write_text(manifest_csv(result.coco), encoding="utf-8")
         fault_point("merge.before-swap")
         replace_dir(stage, paths.master)

@@ -23,9 +23,18 @@ from typing import Any
 from retrain.config import Params
 from retrain.errors import RetrainError
 from retrain.evaluation.compare import Decision, ModelMetrics, decide
+from retrain.faults import fault_point
 from retrain.fsutil import dumps_canonical, write_atomic
 from retrain.paths import Paths
-from retrain.registry.tracking import CHAMPION, WEIGHTS_NAME, client, current_champion, tracking_uri
+from retrain.registry.tracking import (
+    CHAMPION,
+    WEIGHTS_NAME,
+    busy_or_down,
+    client,
+    current_champion,
+    registry_call,
+    tracking_uri,
+)
 from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
@@ -123,9 +132,9 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     if evaluation.get("candidate", {}).get("sha256") != hashlib.sha256(weights.read_bytes()).hexdigest():
         raise RetrainError(f"{paths.eval_report}: evaluated another candidate than {weights}; run "
                            "'retrain evaluate' again (dvc repro does)")
-    uri, name = tracking_uri(paths.root), params.registry.model_name
-    mc = client(uri)
-    parent = current_champion(mc, name)
+    uri, name, wait = tracking_uri(paths.root), params.registry.model_name, params.retrain.registry_wait
+    mc = registry_call("open the model registry", lambda: client(uri), wait)  # a sqlite store connects here
+    parent = current_champion(mc, name, wait)
     evaluated = (evaluation.get("champion") or {}).get("version")
     if parent != evaluated:
         raise RetrainError(f"registry: {name}@{CHAMPION} is version {parent or 'none'} but the evaluation compared "
@@ -137,14 +146,39 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
                            "'retrain evaluate' again") from e
     decision = decide(champ_metrics, cand_metrics, params.promote)
     tags = _lineage_tags(paths, params, evaluation, train, parent, decision)
-    version = _register(uri, name, params.registry.experiment, weights, paths, train, tags,
-                        _eval_metrics(evaluation))
-    _move_aliases(mc, name, version, parent, decision)  # last: every failure above leaves champion untouched
+    sha = tags[f"{TAG}candidate_sha256"]
+
+    def register_once() -> str:  # repeated after a failure or a kill: never a second version of one candidate
+        found = registered_version(mc, name, sha)
+        if found is not None:
+            log.info("%s version %s is this candidate already (registered by a run that stopped before moving "
+                     "the aliases); moving them now", name, found)
+            return found
+        return _register(uri, name, params.registry.experiment, weights, paths, train, tags,
+                         _eval_metrics(evaluation))
+
+    version = registry_call(f"register {name}", register_once, wait)
+    fault_point("promote.after-register")
+    # Last: every failure above leaves champion untouched.
+    registry_call(f"move the aliases of {name}", lambda: _move_aliases(mc, name, version, parent, decision), wait)
     report = {"model": name, "version": version, "promoted": decision.promote, "reasons": list(decision.reasons),
               "notes": list(decision.notes), "parent_version": parent, "champion": version if decision.promote
               else parent, "tags": tags, "tracking_uri": _redact(uri)}
     write_atomic(paths.promotion_report, dumps_canonical(report))
     return PromotionResult(version, decision, report)
+
+
+def registered_version(mc: Any, name: str, candidate_sha256: str) -> str | None:
+    """The version already registered for this candidate file (tag ``retrain.candidate_sha256``), if any."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = mc.search_model_versions(f"name = '{name}' and tags.`{TAG}candidate_sha256` = '{candidate_sha256}'")
+    except MlflowException as e:
+        if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    return str(min(int(v.version) for v in found)) if found else None
 
 
 def _eval_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
@@ -175,6 +209,7 @@ def _lineage_tags(paths: Paths, params: Params, evaluation: dict[str, Any], trai
         "params_hash": params_hash(params), "train_params_hash": str(train.get("params_hash")),
         "parent_version": parent or "none", "warm_start": json.dumps(train.get("warm_start"), sort_keys=True),
         "train_run_id": str(train.get("mlflow_run_id")),
+        "candidate_sha256": str(evaluation["candidate"]["sha256"]),
         "decision": "promote" if decision.promote else "reject",
         "reasons": "; ".join(decision.reasons) or "every rule of the gate holds",
         "classes": ",".join(evaluation["candidate"]["classes"]),
@@ -200,6 +235,7 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
         with _fluent_uri(uri):
             run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths, uri)
             with mlflow.start_run(run_id=run_id):
+                fault_point("promote.log-model", paths.root / "mlartifacts")  # where a local store writes
                 info = mlflow.pyfunc.log_model(
                     name="model", python_model=str(Path(__file__).with_name("serving.py")),
                     artifacts={"weights": str(weights)}, signature=_signature(), input_example=example_input(),
@@ -213,6 +249,8 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
             _ensure_registered_model(mlflow.MlflowClient(uri, uri), name)
             mv = mlflow.register_model(info.model_uri, name, tags=tags)
     except MlflowException as e:
+        if busy_or_down(e):
+            raise  # registry_call retries it
         raise RetrainError(f"model registry {_redact(uri)}: cannot register {name} ({e.message}); "
                            f"{name}@{CHAMPION} has not moved") from e
     return str(mv.version)
@@ -305,6 +343,8 @@ def _move_aliases(mc: Any, name: str, version: str, parent: str | None, decision
 def record_champion_move(mc: Any, name: str, entry: dict[str, Any]) -> None:
     """Append to the champion's history (a registered-model tag, the last 50 moves)."""
     history = json.loads(mc.get_registered_model(name).tags.get(HISTORY_TAG, "[]"))
+    if history and all(history[-1].get(k) == v for k, v in entry.items()):
+        return  # this move is recorded already (a retried call)
     history.append({**entry, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     text = json.dumps(history[-50:])
     while len(text) > 4900:  # the tag value limit

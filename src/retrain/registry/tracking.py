@@ -10,13 +10,17 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from retrain.errors import RetrainError
+from retrain.errors import RetrainError, TransientError, transient_reason
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 CHAMPION = "champion"
 WEIGHTS_NAME = "model.pt"
@@ -45,19 +49,82 @@ def client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
-def current_champion(mc: Any, model_name: str) -> str | None:
-    """The version behind ``<model_name>@champion``; ``None`` when there is no such model or alias.
+def busy_or_down(exc: BaseException) -> str | None:
+    """Why ``exc`` means the store is busy or unreachable for now (worth retrying), or ``None``.
+
+    MLflow's SQL store reports a locked sqlite database (another writer) as ``TEMPORARILY_UNAVAILABLE``; its REST
+    client raises an ``MlflowException`` whose chain holds the connection error once its own retries are spent.
+    """
+    code = getattr(exc, "error_code", None)
+    if code in ("TEMPORARILY_UNAVAILABLE", "RESOURCE_EXHAUSTED"):
+        return _first_line(exc)
+    return transient_reason(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", "") or exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def registry_call(what: str, fn: Callable[[], T], wait: float, first_delay: float = 1.0) -> T:
+    """``fn()``, retried with exponential backoff for ``wait`` seconds after a failure while the store is busy or down.
+
+    Args:
+        what: What the call does, for the log and the error (``register retrain-detector``).
+        fn: One MLflow call (or a short sequence that is safe to repeat).
+        wait: Seconds to keep retrying (``retrain.registry_wait``).
+        first_delay: The first pause; it doubles each time.
 
     Raises:
-        RetrainError: The registry cannot be reached.
+        TransientError: Still busy or down after ``wait`` seconds (exit 75: the flow retries the stage).
+        Exception: Anything else ``fn`` raised, unchanged.
+    """
+    deadline: float | None = None
+    delay = first_delay
+    while True:
+        try:
+            return fn()
+        except Exception as e:
+            reason = busy_or_down(e)
+            if reason is None:
+                raise
+            if deadline is None:  # counted from the first failure (a locked sqlite has waited 20 s in it already)
+                deadline = time.monotonic() + wait
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransientError(f"model registry: {what}: still busy or unreachable after {wait:g} s "
+                                     f"({reason})") from e
+            pause = min(delay, left)
+            log.warning("model registry busy or unreachable (%s); %s again in %.1f s", reason, what, pause)
+            time.sleep(pause)
+            delay *= 2
+
+
+def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
+    """The version behind ``<model_name>@champion``; ``None`` when there is no such model or alias.
+
+    Args:
+        mc: An ``MlflowClient``.
+        model_name: Registered model name.
+        wait: Seconds to retry while the store is busy or down (see ``registry_call``).
+
+    Raises:
+        TransientError: The registry is still busy or unreachable after ``wait`` seconds.
+        RetrainError: The registry refused the read.
     """
     from mlflow.exceptions import MlflowException
 
+    def read() -> str | None:
+        try:
+            return str(mc.get_model_version_by_alias(model_name, CHAMPION).version)
+        except MlflowException as e:
+            if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return None
+            raise
+
     try:
-        return str(mc.get_model_version_by_alias(model_name, CHAMPION).version)
+        return registry_call(f"read {model_name}@{CHAMPION}", read, wait)
     except MlflowException as e:
-        if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return None
         raise RetrainError(f"model registry: cannot read {model_name}@{CHAMPION} ({e.message})") from e
 
 
@@ -74,27 +141,28 @@ class Champion:
     weights: Path
 
 
-def champion(uri: str, model_name: str, dest: Path) -> Champion | None:
+def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> Champion | None:
     """Download the weights of ``models:/<model_name>@champion``; ``None`` when there is no champion yet.
 
     Args:
         uri: Tracking URI.
         model_name: Registered model name.
         dest: Folder to download into.
+        wait: Seconds to retry while the registry is busy or unreachable.
 
     Raises:
         RetrainError: The registry cannot be reached, or the champion has no retrain model file.
     """
     from mlflow.artifacts import download_artifacts
 
-    version = current_champion(client(uri), model_name)
+    version = current_champion(client(uri), model_name, wait)
     if version is None:
         return None
     shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
     where = dest / f"v{version}"
     where.mkdir(parents=True)
-    local = Path(download_artifacts(artifact_uri=f"models:/{model_name}/{version}", dst_path=str(where),
-                                    tracking_uri=uri))
+    local = Path(registry_call(f"download {model_name} version {version}", lambda: download_artifacts(
+        artifact_uri=f"models:/{model_name}/{version}", dst_path=str(where), tracking_uri=uri), wait))
     found = sorted(local.rglob(WEIGHTS_NAME))
     if not found:
         raise RetrainError(f"model registry: {model_name} version {version} has no {WEIGHTS_NAME}")

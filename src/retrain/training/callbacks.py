@@ -69,9 +69,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             with open(tmp, "wb") as f:
                 torch.save(checkpoint, f)
+                fault_point("train.checkpoint", tmp)  # mid-save: written, not yet synced nor in place
                 f.flush()
                 os.fsync(f.fileno())
-            fault_point("train.checkpoint")
             if target.name == LAST and target.exists():
                 os.replace(target, target.with_name(PREVIOUS))
             os.replace(tmp, target)

@@ -26,7 +26,7 @@ from ultralytics.cfg import get_cfg
 from ultralytics.data.dataset import YOLODataset
 
 from retrain.config import TrainParams
-from retrain.errors import RetrainError
+from retrain.errors import RetrainError, ValidationFailed
 from retrain.training.trainer import on_cuda
 from retrain.validation.images import UnsafePath, safe_member
 
@@ -74,6 +74,40 @@ def load_master(master_dir: Path, data_root: Path) -> Master:
         if not master.images(split):
             raise RetrainError(f"{ann}: the master has no {split} images; ingest more data before training")
     return master
+
+
+def verify_images(master: Master, max_shown: int = 5) -> int:
+    """Re-hash every image of the master and compare it with the sha256 recorded when its batch was ingested.
+
+    What training reads is then exactly what was ingested, validated and versioned: a flipped byte in a file (or
+    in the DVC cache object a link type shares with it) stops the run instead of training on it.
+
+    Returns:
+        The number of images checked.
+
+    Raises:
+        RetrainError: One line per damaged or missing image (the first ``max_shown``), then what to do.
+    """
+    bad: list[str] = []
+    for im in master.doc["images"]:
+        path = master.data_root / im["file_name"]
+        try:
+            with path.open("rb") as f:
+                got = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as e:
+            bad.append(f"{im['file_name']}: [image-sha256] cannot be read ({e.strerror or e})")
+            continue
+        if got != im["sha256"]:
+            bad.append(f"{im['file_name']}: [image-sha256] sha256 {got[:12]}..., ingested {im['sha256'][:12]}...: "
+                       "the file (or the DVC cache object linked to it) is damaged")
+    if bad:
+        lines = bad[:max_shown]
+        if len(bad) > max_shown:
+            lines.append(f"... and {len(bad) - max_shown} more damaged image(s)")
+        raise ValidationFailed([*lines, f"{len(bad)} of {len(master.doc['images'])} images differ from what was "
+                                "ingested; nothing was trained. Restore them from the DVC remote (delete the "
+                                "damaged files and their cache objects, then 'dvc pull --force')"])
+    return len(master.doc["images"])
 
 
 def _labels(master: Master, images: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -160,8 +194,41 @@ class MasterDataset(YOLODataset):
         return bool(super().check_cache_disk(safety_margin))
 
 
+def _memory_headroom() -> tuple[int, str]:
+    """Bytes this process can still allocate, and where that figure came from (for the log).
+
+    psutil's available memory, or less when the address space is capped (``RLIMIT_AS``: ``prlimit --as``,
+    ``ulimit -v``), which available memory does not show: the cap's soft limit minus what the process has mapped
+    already (its VMS).
+    """
+    avail = psutil.virtual_memory().available
+    what = f"available memory {avail / 2**20:.1f} MiB"
+    if not hasattr(psutil, "RLIMIT_AS"):  # psutil has rlimits on Linux and FreeBSD only
+        return avail, what
+    soft = psutil.Process().rlimit(psutil.RLIMIT_AS)[0]
+    if soft == psutil.RLIM_INFINITY:
+        return avail, what
+    vms = psutil.Process().memory_info().vms
+    left = max(0, soft - vms)
+    if left >= avail:
+        return avail, f"{what}; address-space limit {soft / 2**20:.1f} MiB leaves more"
+    return left, (f"address-space limit (RLIMIT_AS) {soft / 2**20:.1f} MiB - {vms / 2**20:.1f} MiB mapped = "
+                  f"{left / 2**20:.1f} MiB, below {what}")
+
+
+#: Room left to training itself after the cache is chosen: what it maps later (optimizer state, EMA, loggers and
+#: MLflow's client, threads' arenas, activations).  Measured 0.6-0.9 GiB for yolo11n at imgsz 64-320 on CPU.
+TRAINING_ROOM = 1 << 30
+
+
 def choose_cache(mode: str, images: list[dict[str, Any]], imgsz: int, workers: int) -> str:
-    """The image cache mode: RAM only when the decoded, resized images fit three times over in available memory.
+    """The image cache mode: RAM only when the decoded, resized images fit three times over in the memory headroom,
+    with ``TRAINING_ROOM`` to spare for training itself.
+
+    The headroom is psutil's available memory or, when the address space is capped (``RLIMIT_AS``), the cap less
+    what this process has mapped already, whichever is smaller.  When RAM does not fit the choice is ``disk``; the
+    dataset itself then drops to no cache when ultralytics' disk check finds too little space
+    (``MasterDataset.check_cache_disk``).
 
     Args:
         mode: ``auto``, ``ram``, ``disk`` or ``none`` (from params).
@@ -170,18 +237,25 @@ def choose_cache(mode: str, images: list[dict[str, Any]], imgsz: int, workers: i
         workers: Dataloader processes (each may copy pages of the cache).
 
     Returns:
-        ``ram``, ``disk`` or ``none``; logged with the figures when ``auto`` decided.
+        ``ram``, ``disk`` or ``none``: ``disk`` and ``none`` as asked; ``auto`` logged with the figures; ``ram``
+        as asked when it fits, else ``disk`` with a warning (a RAM cache that does not fit fails the run midway
+        with ``MemoryError``).
     """
-    if mode != "auto":
+    if mode not in ("auto", "ram"):
         return mode
     need = 0
     for im in images:
-        r = min(1.0, imgsz / max(im["width"], im["height"])) if max(im["width"], im["height"]) else 1.0
-        need += int(im["width"] * r) * int(im["height"] * r) * 3
-    avail = psutil.virtual_memory().available
-    choice = "ram" if 3 * need <= avail else "disk"
-    log.info("image cache: %s (decoded images %.1f MiB, x3 = %.1f MiB, available memory %.1f MiB, %d workers)",
-             choice, need / 2**20, 3 * need / 2**20, avail / 2**20, workers)
+        r = imgsz / max(im["width"], im["height"]) if max(im["width"], im["height"]) else 1.0  # up or down, as
+        need += int(im["width"] * r) * int(im["height"] * r) * 3  # ultralytics' load_image resizes them
+    headroom, what = _memory_headroom()
+    choice = "ram" if 3 * need + TRAINING_ROOM <= headroom else "disk"
+    figures = (f"decoded images {need / 2**20:.1f} MiB, x3 + {TRAINING_ROOM / 2**20:.0f} MiB for training = "
+               f"{(3 * need + TRAINING_ROOM) / 2**20:.1f} MiB; headroom {headroom / 2**20:.1f} MiB: {what}; "
+               f"{workers} workers")
+    if mode == "ram" and choice == "disk":
+        log.warning("image cache: disk, not the ram asked for: the images do not fit (%s)", figures)
+    elif mode == "auto":
+        log.info("image cache: %s (%s)", choice, figures)
     return choice
 
 

@@ -27,7 +27,7 @@ from retrain.errors import RetrainError
 from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
 from retrain.paths import Paths
 from retrain.training.callbacks import LAST, PREVIOUS
-from retrain.training.data import Master, MasterDataModule, load_master
+from retrain.training.data import Master, MasterDataModule, load_master, verify_images
 from retrain.training.weights import ModelFile, load_model_file, save_model_file, warm_start
 from retrain.workspace import require_workspace
 
@@ -77,6 +77,10 @@ def find_resume(ckpt_dir: Path, fp: dict[str, str]) -> tuple[Path | None, dict[s
     Raises:
         CheckpointError: Checkpoints exist but none can be read.
     """
+    if ckpt_dir.is_dir() and _is_main_process():
+        for tmp in ckpt_dir.glob(".*.tmp"):  # a save cut short by a kill: never renamed into place, never read
+            log.warning("removing %s: a checkpoint save that did not finish", tmp)
+            tmp.unlink(missing_ok=True)
     found = [p for p in (ckpt_dir / LAST, ckpt_dir / PREVIOUS) if p.is_file()]
     damaged: list[Path] = []
     for path in found:
@@ -107,7 +111,8 @@ def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[s
     from retrain.registry.tracking import champion, tracking_uri
 
     if params.train.use_champion:
-        ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion")
+        ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion",
+                  params.retrain.registry_wait)
         if ch is not None:
             log.info("warm start from the champion: models:/%s@champion (version %s)", params.registry.model_name,
                      ch.version)
@@ -217,6 +222,7 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     keep_freed_memory()  # steady training steps without page faults
     master = load_master(paths.master, paths.data)
     _require_validated(paths, master.version)
+    log.info("data: %d images re-hashed, all as ingested", verify_images(master))
     base, base_info = resolve_base(paths, params)
     fp = fingerprint(master.version, p, base_info)
     resume, meta = find_resume(paths.checkpoints, fp)
