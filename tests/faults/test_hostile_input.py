@@ -28,7 +28,7 @@ from retrain.paths import Paths
 from tests.helpers import coco_to_voc, coco_to_yolo, registry_state, run_cli, run_dvc, snapshot, tree_hash
 from tests.integration.test_flow import _set, arrive, tiny_workspace
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
+pytestmark = [pytest.mark.faults]  # the model-file tests (they train or make a champion first) are slow too
 
 
 class _Call:
@@ -136,6 +136,7 @@ def validated(samples: Path, tmp_path_factory: pytest.TempPathFactory) -> Paths:
     return paths
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", PICKLE_KINDS)
 def test_a_hostile_base_model_is_refused_before_any_of_it_runs(kind: str, validated: Paths, tmp_path: Path) -> None:
     paths = validated
@@ -198,6 +199,7 @@ print("loaded")
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["nested", "yaml-eval"])
 def test_a_hostile_champion_in_the_artifact_store_is_refused_by_train_evaluate_and_pyfunc(
         kind: str, champion_ws: Paths, tmp_path: Path) -> None:

@@ -114,7 +114,12 @@ def test_a_sigkill_of_the_whole_run_during_dvc_add_is_undone_or_complete_and_the
                 seen = line
         time.sleep(0.01)
     assert seen is not None, (tmp_path / "killed.log").read_text()[-3000:]
-    time.sleep(0.3)  # inside dvc add (it takes over a second to hash, cache and write the .dvc file)
+    # Into its work: once it has started to copy the batch's files into the cache (or, at the latest, after 5 s).
+    cache = paths.root / ".dvc" / "cache"
+    cached = sum(1 for _ in cache.rglob("*"))
+    deadline = time.monotonic() + 5
+    while sum(1 for _ in cache.rglob("*")) == cached and time.monotonic() < deadline:
+        time.sleep(0.005)
     os.killpg(proc.pid, signal.SIGKILL)  # the flow, dvc add, Prefect's local API: every process of the run
     proc.wait()
     after = state(paths.root)

@@ -153,6 +153,8 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
         if found is not None:
             log.info("%s version %s is this candidate already (registered by a run that stopped before moving "
                      "the aliases); moving them now", name, found)
+            for key, value in tags.items():  # this evaluation's decision and lineage
+                mc.set_model_version_tag(name, found, key, value)
             return found
         return _register(uri, name, params.registry.experiment, weights, paths, train, tags,
                          _eval_metrics(evaluation))
