@@ -82,7 +82,7 @@ def test_stage_order_is_dvcs_and_a_transient_failure_is_retried_but_bad_data_is_
 
     state = pipeline(["broken"], return_state=True)
     error = state.result(raise_on_failure=False)
-    assert isinstance(error, StageFailed) and error.lines()[0] == "error: batch x: y.jpg: [rule] bad data"
+    assert isinstance(error, StageFailed) and error.lines()[0] == "batch x: y.jpg: [rule] bad data"  # sans "error: "
     assert _runs(state)["broken"].run_count == 1  # bad data: no retry
 
     state = pipeline(["first"], return_state=True)  # up to date now: DVC says so, nothing runs

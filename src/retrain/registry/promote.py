@@ -146,15 +146,15 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
                            "'retrain evaluate' again") from e
     decision = decide(champ_metrics, cand_metrics, params.promote)
     tags = _lineage_tags(paths, params, evaluation, train, parent, decision)
-    sha = tags[f"{TAG}candidate_sha256"]
+    key = tags[f"{TAG}promotion_key"]
 
-    def register_once() -> str:  # repeated after a failure or a kill: never a second version of one candidate
-        found = registered_version(mc, name, sha)
+    def register_once() -> str:  # repeated after a failure or a kill: never a second version of one promotion
+        found = registered_version(mc, name, key)
         if found is not None:
-            log.info("%s version %s is this candidate already (registered by a run that stopped before moving "
-                     "the aliases); moving them now", name, found)
-            for key, value in tags.items():  # this evaluation's decision and lineage
-                mc.set_model_version_tag(name, found, key, value)
+            log.info("%s version %s is this candidate already, with this evaluation and params (registered by a "
+                     "run that stopped before moving the aliases); moving them now", name, found)
+            for tag, value in tags.items():  # the lineage as of now (git revision ...)
+                mc.set_model_version_tag(name, found, tag, value)
             return found
         return _register(uri, name, params.registry.experiment, weights, paths, train, tags,
                          _eval_metrics(evaluation))
@@ -170,12 +170,23 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     return PromotionResult(version, decision, report)
 
 
-def registered_version(mc: Any, name: str, candidate_sha256: str) -> str | None:
-    """The version already registered for this candidate file (tag ``retrain.candidate_sha256``), if any."""
+def promotion_key(candidate_sha256: str, eval_report: bytes, params_hash: str) -> str:
+    """What makes one promotion: the candidate file, its evaluation (champion, metrics) and the params (the gate).
+
+    The same key again is the same promotion cut short (a kill or a failure between registering and moving the
+    aliases): its version is reused.  Another key (the gate's params changed, another champion) is a new version,
+    even of the same weights.
+    """
+    text = json.dumps([candidate_sha256, hashlib.sha256(eval_report).hexdigest(), params_hash])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def registered_version(mc: Any, name: str, key: str) -> str | None:
+    """The version already registered for this promotion (tag ``retrain.promotion_key``), if any."""
     from mlflow.exceptions import MlflowException
 
     try:
-        found = mc.search_model_versions(f"name = '{name}' and tags.`{TAG}candidate_sha256` = '{candidate_sha256}'")
+        found = mc.search_model_versions(f"name = '{name}' and tags.`{TAG}promotion_key` = '{key}'")
     except MlflowException as e:
         if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
             return None
@@ -212,6 +223,8 @@ def _lineage_tags(paths: Paths, params: Params, evaluation: dict[str, Any], trai
         "parent_version": parent or "none", "warm_start": json.dumps(train.get("warm_start"), sort_keys=True),
         "train_run_id": str(train.get("mlflow_run_id")),
         "candidate_sha256": str(evaluation["candidate"]["sha256"]),
+        "promotion_key": promotion_key(str(evaluation["candidate"]["sha256"]), paths.eval_report.read_bytes(),
+                                       params_hash(params)),
         "decision": "promote" if decision.promote else "reject",
         "reasons": "; ".join(decision.reasons) or "every rule of the gate holds",
         "classes": ",".join(evaluation["candidate"]["classes"]),
