@@ -139,10 +139,14 @@ def repair_dvc_locks(root: Path) -> list[str]:
             done.append(f"{rw}: unreadable ({raw[:40]!r}...), left by a killed dvc: removed")
         else:
             def stale(info: Any) -> bool:
-                return isinstance(info, dict) and not _dvc_process(int(info.get("pid", -1)))
+                try:
+                    return not _dvc_process(int(info["pid"]))
+                except (KeyError, TypeError, ValueError):
+                    return True  # an entry that names no pid blocks its path for good too
 
             write = {p: i for p, i in doc.get("write", {}).items() if not stale(i)}
-            read = {p: [i for i in infos if not stale(i)] for p, infos in doc.get("read", {}).items()}
+            read = {p: [i for i in (infos if isinstance(infos, list) else [infos]) if not stale(i)]
+                    for p, infos in doc.get("read", {}).items()}
             read = {p: infos for p, infos in read.items() if infos}
             if write != doc.get("write", {}) or read != doc.get("read", {}):
                 from retrain.fsutil import write_atomic

@@ -114,7 +114,7 @@ def evaluate_models(paths: Paths, params: Params) -> EvalResult:
         raise RetrainError(f"{candidate_file}: trained on data {str(trained_on)[:12]}, but the master is "
                            f"{master.version[:12]}; run 'retrain train' on this master first")
     champ = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion",
-                  params.retrain.registry_wait)
+                     params.retrain.registry_wait)
     gt = ground_truth(master.doc, "val")
     slices = _slices(master)
     instances = Counter(gt.cats[a["category_id"]]["name"] for a in gt.dataset["annotations"])

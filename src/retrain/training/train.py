@@ -112,7 +112,7 @@ def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[s
 
     if params.train.use_champion:
         ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion",
-                  params.retrain.registry_wait)
+                      params.retrain.registry_wait)
         if ch is not None:
             log.info("warm start from the champion: models:/%s@champion (version %s)", params.registry.model_name,
                      ch.version)
