@@ -139,9 +139,12 @@ def validate(project: ProjectOpt = Path(".")) -> None:
 @app.command()
 def train(project: ProjectOpt = Path(".")) -> None:
     """Train a candidate on the whole master, warm-started from the champion; resumes after a crash (a DVC stage)."""
-    from retrain.training.train import train as run_train
+    from retrain.training.hugepages import reexec
 
     paths, params = _workspace(project)
+    reexec(params.train.hugepages)  # before torch is imported: glibc reads its tunables when a process starts
+    from retrain.training.train import train as run_train
+
     result = run_train(paths, params)
     if result is None:  # another rank of a multi-process run
         return

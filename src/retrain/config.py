@@ -134,6 +134,9 @@ class TrainParams(_Section):
     precision: str = Field(default="auto", description="auto = bf16-mixed on a CUDA GPU with bf16, else 32-true.")
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto", description="auto = on CUDA; on a CPU the faster format for this model, timed once.")
+    hugepages: Literal["auto", "off"] = Field(
+        default="auto", description="auto = malloc'd memory in transparent huge pages where the kernel's mode is "
+        "madvise and the C library is glibc >= 2.35 (retrain train re-executes itself with GLIBC_TUNABLES).")
     augment: AugmentParams = AugmentParams()
 
 

@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from retrain.paths import Paths
+from retrain.training import hugepages
 from retrain.training.callbacks import LAST, PREVIOUS
 from retrain.training.weights import load_model_file
 from tests.helpers import load_json, run_cli, run_dvc, tree_hash
@@ -116,6 +117,8 @@ def test_sigkill_in_epoch_2_resumes_with_optimizer_and_ema_and_matches_an_uninte
     proc = _train(killed.root)
     assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stderr and "epoch 1 done" in proc.stderr
+    if hugepages.why_not("auto") is None:  # retrain train re-executed itself with glibc's huge-page tunable
+        assert "glibc.malloc.hugetlb=1: malloc'd memory in transparent huge pages" in proc.stderr, proc.stderr
     a, b = _report(straight), _report(killed)
     assert b["resumed_from"] == LAST and b["mlflow_run_id"] == load_json(
         killed.train_report)["mlflow_run_id"] and b["epochs"] == a["epochs"] == 3

@@ -26,6 +26,7 @@ from retrain.config import Params, TrainParams
 from retrain.errors import RetrainError
 from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
 from retrain.paths import Paths
+from retrain.training import hugepages
 from retrain.training.callbacks import LAST, PREVIOUS
 from retrain.training.data import Master, MasterDataModule, load_master, verify_images
 from retrain.training.weights import ModelFile, load_model_file, save_model_file, warm_start
@@ -34,7 +35,7 @@ from retrain.workspace import require_workspace
 log = logging.getLogger(__name__)
 
 #: Params that change speed, not results: a resume stays valid when only these differ.
-_SPEED_ONLY = {"workers", "threads"}
+_SPEED_ONLY = {"workers", "threads", "hugepages"}
 
 
 class CheckpointError(RetrainError):
@@ -220,6 +221,7 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     p = params.train
     torch.set_num_threads(cpu_threads(p))  # importing ultralytics set OMP_NUM_THREADS=1
     keep_freed_memory()  # steady training steps without page faults
+    log.info(hugepages.describe(p.hugepages))
     master = load_master(paths.master, paths.data)
     _require_validated(paths, master.version)
     log.info("data: %d images re-hashed, all as ingested", verify_images(master))
