@@ -22,8 +22,11 @@ from retrain.training.callbacks import LAST, PREVIOUS
 from retrain.training.weights import load_model_file
 from tests.helpers import load_json, run_cli, run_dvc, tree_hash
 
+# channels_last pinned: `auto` times a step in each format per workspace, and at imgsz 96 the two are close, so two
+# copies of a workspace could choose differently (other conv kernels, other float rounding) and two runs the tests
+# compare would differ by more than a resume could explain.
 TINY: dict[str, Any] = {"imgsz": 96, "epochs": 3, "batch": 4, "workers": 0, "cache": "none", "use_champion": False,
-                        "seed": 0, "augment": {"close_mosaic": 1}}
+                        "seed": 0, "channels_last": "off", "augment": {"close_mosaic": 1}}
 
 
 def set_train_params(root: Path, **train: Any) -> None:
