@@ -16,6 +16,7 @@ from prefect.tasks import exponential_backoff
 
 from retrain.config import Params, load_params
 from retrain.errors import RetrainError
+from retrain.nodata import HOW, no_batch_yet
 from retrain.paths import Paths
 from retrain.runlock import describe, repair_dvc_locks, run_lock
 from retrain.workspace import master_version, require_workspace
@@ -74,6 +75,13 @@ def _stage_options(params: Params) -> dict[str, Any]:
     return {"retries": p.retries, "retry_delay_seconds": delay}
 
 
+def nothing_line(summary: dict[str, Any]) -> str:
+    """The one line of a run that had nothing to do."""
+    if summary.get("no_batch_yet"):
+        return f"nothing to retrain: no batch yet; {HOW}"
+    return "nothing to retrain: no new batch, and DVC says every stage is up to date"
+
+
 def _message(summary: dict[str, Any]) -> str:
     data = (summary.get("data_version") or "?")[:12]
     if summary.get("version"):
@@ -125,8 +133,7 @@ def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: b
             _loop(paths, load_params(paths.params), summary)  # params as they are now that this run owns it
         finally:
             summary["held"][1] = time.time()
-    logger.info("nothing to retrain: no new batch, and DVC says every stage is up to date"
-                if summary["nothing_to_retrain"] else _message(summary))
+    logger.info(nothing_line(summary) if summary["nothing_to_retrain"] else _message(summary))
     return summary
 
 
@@ -137,6 +144,9 @@ def _loop(paths: Paths, params: Params, summary: dict[str, Any]) -> None:
         summary["seconds"][f"ingest-{r['name']}"] = r["seconds"]
         if r["added"]:
             summary["ingested"].append(r["name"])
+    if no_batch_yet(paths):  # a schedule that starts before the first delivery: nothing to do, nothing changed
+        summary.update(nothing_to_retrain=True, no_batch_yet=True)
+        return
     for stage in stage_order(paths.root):
         epochs = params.train.epochs if stage == "train" else None
         try:

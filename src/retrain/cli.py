@@ -63,6 +63,17 @@ def _workspace(project: Path) -> tuple[Paths, Params]:
     return paths, load_params(paths.params)
 
 
+def _nothing_yet(paths: Paths, stage: str) -> bool:
+    """No batch yet: record ``stage``'s outputs as "no data" so that ``dvc repro`` ends cleanly (``nodata.py``)."""
+    from retrain import nodata
+
+    if not nodata.no_batch_yet(paths):
+        return False
+    nodata.record(paths, stage)
+    log.debug("%s: %s; its outputs record that", stage, nodata.REASON)
+    return True
+
+
 @app.command()
 def init(directory: Annotated[Path, typer.Argument(help="New workspace folder.")],
          remote: Annotated[str, typer.Option(help="Default DVC remote (path or URL).")] = "") -> None:
@@ -111,9 +122,13 @@ def ingest(
 def merge(project: ProjectOpt = Path(".")) -> None:
     """Merge every ingested batch into data/master (a DVC stage)."""
     from retrain.data.merge import merge as run_merge
+    from retrain.nodata import NOTHING_YET, no_batch_yet
 
     paths, params = _workspace(project)
     t = run_merge(paths, params.merge).report["totals"]
+    if no_batch_yet(paths):
+        _out(NOTHING_YET)
+        return
     _out(f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
          f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)")
 
@@ -121,9 +136,11 @@ def merge(project: ProjectOpt = Path(".")) -> None:
 @app.command()
 def validate(project: ProjectOpt = Path(".")) -> None:
     """Validate data/master (great-expectations + image checks); exit 1 on any failed check (a DVC stage)."""
+    paths, params = _workspace(project)
+    if _nothing_yet(paths, "validate"):
+        return
     from retrain.validation.validate import validate_master
 
-    paths, params = _workspace(project)
     report = validate_master(paths, params.validation)
     for check in report.warned:
         for p in check.problems():
@@ -142,6 +159,8 @@ def train(project: ProjectOpt = Path(".")) -> None:
     from retrain.training.hugepages import reexec
 
     paths, params = _workspace(project)
+    if _nothing_yet(paths, "train"):
+        return
     reexec(params.train.hugepages)  # before torch is imported: glibc reads its tunables when a process starts
     from retrain.training.train import train as run_train
 
@@ -156,9 +175,11 @@ def train(project: ProjectOpt = Path(".")) -> None:
 @app.command()
 def evaluate(project: ProjectOpt = Path(".")) -> None:
     """Evaluate the champion and the candidate on the master's val images (a DVC stage)."""
+    paths, params = _workspace(project)
+    if _nothing_yet(paths, "evaluate"):
+        return
     from retrain.evaluation.evaluate import evaluate_models
 
-    paths, params = _workspace(project)
     r = evaluate_models(paths, params).report
     cand = r["candidate"]["metrics"]
     line = f"candidate: mAP50-95 {cand['mAP50-95']:.4f}, mAP50 {cand['mAP50']:.4f} on {r['images']} val images"
@@ -174,9 +195,11 @@ def evaluate(project: ProjectOpt = Path(".")) -> None:
 @app.command()
 def promote(project: ProjectOpt = Path(".")) -> None:
     """Register the candidate in MLflow (alias challenger); champion moves to it only if the gate passes (DVC stage)."""
+    paths, params = _workspace(project)
+    if _nothing_yet(paths, "promote"):
+        return
     from retrain.registry.promote import promote as run_promote
 
-    paths, params = _workspace(project)
     result = run_promote(paths, params)
     name = params.registry.model_name
     if result.decision.promote:
@@ -219,7 +242,9 @@ def status(project: ProjectOpt = Path(".")) -> None:
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """What a flow run did, for the terminal."""
     if s["nothing_to_retrain"]:
-        return ["nothing to retrain: no new batch, and every stage is up to date"]
+        from flows.retrain import nothing_line
+
+        return [nothing_line(s)]
     ran = [k for k, v in s["stages"].items() if v]
     lines = [f"batches ingested: {', '.join(s['ingested']) or 'none'}; stages run: {', '.join(ran) or 'none'}",
              f"data version: {s.get('data_version') or '-'}"]
@@ -232,11 +257,6 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _prefect_defaults() -> None:
-    # Nothing leaves this machine: no Prefect telemetry (the local ephemeral API is the embedded default).
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
 @app.command()
 def run(
     batches: Annotated[list[Path] | None, typer.Argument(help="Batch folders (default: data/incoming/*).")] = None,
@@ -245,11 +265,14 @@ def run(
     project: ProjectOpt = Path("."),
 ) -> None:
     """Run the retrain flow once: ingest waiting batches, then every stale DVC stage; commit and push the result."""
-    _prefect_defaults()
+    from flows.api import connect, defaults
+
+    defaults()
+    paths, _ = _workspace(project)
+    connect()  # before anything changes: a Prefect API that cannot be had is one line and exit 75
     from flows.retrain import outcome
     from flows.retrain import retrain as retrain_flow
 
-    paths, _ = _workspace(project)
     state = retrain_flow(project=str(paths.root), batches=[str(b) for b in batches or []] or None,
                          only_if_new=only_if_new, return_state=True)
     summary = outcome(state)
@@ -268,13 +291,18 @@ def serve(project: ProjectOpt = Path(".")) -> None:
 
     Needs a Prefect API that schedules runs: `prefect server start`, with PREFECT_API_URL pointing at it.
     """
-    _prefect_defaults()
-    from flows.deployments import serve_workspace
+    from flows.api import connect, defaults
 
+    defaults()
     paths, params = _workspace(project)
-    if not os.environ.get("PREFECT_API_URL"):
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
         raise RetrainError("retrain serve needs a Prefect server to schedule its runs: start one with "
                            "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api")
+    connect()
+    from flows.deployments import serve_workspace
+
     serve_workspace(paths.root, params)
 
 
@@ -286,8 +314,10 @@ def demo(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """The loop on generated sample data in a fresh workspace: one retrain flow run per arriving batch."""
-    _prefect_defaults()
+    from flows.api import defaults
     from retrain.demo import run_demo
+
+    defaults()
 
     for line in run_demo(workspace, batches, images_per_batch, seed):
         _out(line)

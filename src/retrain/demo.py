@@ -50,10 +50,12 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
         Lines for the user.
 
     Raises:
-        RetrainError: A flow run failed (its reason).
+        RetrainError: A flow run failed (its reason), or Prefect's API cannot be had (``PrefectUnavailable``).
     """
+    from flows.api import connect
     from flows.retrain import outcome, retrain
 
+    connect()  # Prefect's API first: if it cannot be had, one line and nothing made
     paths = Paths.at(workspace)
     if not (paths.root / ".dvc").is_dir():
         init_workspace(paths.root)

@@ -128,12 +128,46 @@ def init_workspace(target: Path, remote: str = DEFAULT_REMOTE) -> Paths:
 
 
 
+#: Files every run owns besides the stages' outputs: the pipeline, what DVC recorded of it, and its params.
+_PIPELINE_FILES = ("dvc.yaml", "dvc.lock", "params.yaml", "data/batches/.gitignore")
+
+
+def run_files(paths: Paths) -> list[str]:
+    """The files a run owns, relative to the root: what ``commit`` stages, and nothing else.
+
+    The pipeline files, each admitted batch's ``.dvc`` file, and for every output ``dvc.yaml`` declares (outs,
+    metrics, plots): the output itself when git keeps it (``cache: false``), else the ``.gitignore`` DVC keeps
+    beside it.  A file the user left in the workspace is not among them.
+    """
+    doc = yaml.safe_load(paths.dvc_yaml.read_text(encoding="utf-8")) or {}
+    files = set(_PIPELINE_FILES)
+    files.update(p.relative_to(paths.root).as_posix() for p in paths.batches.glob("*.dvc"))
+    for stage in (doc.get("stages") or {}).values():
+        for kind in ("outs", "metrics", "plots"):
+            for entry in stage.get(kind) or []:
+                path, opts = (entry, {}) if isinstance(entry, str) else next(iter(entry.items()))
+                if isinstance(opts, dict) and opts.get("cache") is False:
+                    files.add(Path(path).as_posix())
+                else:
+                    parent = Path(path).parent
+                    files.add((parent / ".gitignore").as_posix())
+    return sorted(files)
+
+
 def commit(paths: Paths, message: str) -> bool:
-    """Stage everything git does not ignore and commit it; False when there was nothing to commit."""
-    git(["add", "-A"], paths.root, "git add")
-    if not git(["status", "--porcelain"], paths.root, "git status").strip():
+    """Commit the files the run owns (``run_files``), only those; False when none of them changed.
+
+    Whatever else is in the workspace (a stray export, a credentials file) stays out of the commit, staged or not.
+    """
+    specs = run_files(paths)
+    tracked = git(["ls-files", "-z", "--", *specs], paths.root, "git ls-files").split("\0")
+    chosen = sorted({f for f in tracked if f} | {f for f in specs if (paths.root / f).exists()})
+    if not chosen:
         return False
-    git(["commit", "-q", "-m", message], paths.root, "git commit")
+    git(["add", "-A", "--", *chosen], paths.root, "git add")
+    if not git(["diff", "--cached", "--name-only", "--", *chosen], paths.root, "git diff").strip():
+        return False
+    git(["commit", "-q", "-m", message, "--", *chosen], paths.root, "git commit")
     return True
 
 
