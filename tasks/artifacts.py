@@ -40,7 +40,7 @@ class TrainingProgress:
     def __init__(self, root: Path, epochs: int) -> None:
         self.csv = Paths.at(root).train_metrics
         self.epochs = max(1, epochs)
-        self.start_mtime = self.csv.stat().st_mtime_ns if self.csv.exists() else None
+        self.start_mtime = self._mtime()
         self.artifact: Any = None
         self.shown = -1.0
         self.bar: Any = None
@@ -69,9 +69,16 @@ class TrainingProgress:
             update_progress_artifact(self.artifact, percent)
         self.shown = percent
 
+    def _mtime(self) -> int | None:
+        try:
+            return self.csv.stat().st_mtime_ns
+        except OSError:  # not there (yet, or for a moment: Lightning's logger rewrites it each epoch)
+            return None
+
     def update(self) -> None:
         """Look at the CSV; move the artifact when an epoch began."""
-        if not self.csv.exists() or self.csv.stat().st_mtime_ns == self.start_mtime:
+        mtime = self._mtime()
+        if mtime is None or mtime == self.start_mtime:
             return
         self._show(round(100.0 * min(self._epochs_seen(), self.epochs) / self.epochs, 1))
 
