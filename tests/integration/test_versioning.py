@@ -118,7 +118,8 @@ def test_killed_ingest_is_never_admitted(workspace: Paths, sample_root: Path):
     ws = workspace.root
     killed = run_cli("ingest", sample_root / "batch-1", cwd=ws, env={"RETRAIN_FAULT": "ingest.before-dvc-add"})
     assert killed.returncode == -9
-    assert run_cli("merge", cwd=ws, check=True).stdout.startswith("master: 0 images")
+    assert run_cli("merge", cwd=ws, check=True).stdout.startswith("nothing to train yet: no batch has been ingested")
+    assert load_json(workspace.master / "annotations.json")["images"] == []
     ok = run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
     assert "batch batch-1 added: 12 images" in ok.stdout
     assert (workspace.batches / "batch-1.dvc").is_file()
