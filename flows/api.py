@@ -96,6 +96,26 @@ def _check(url: str) -> None:
                                  "'prefect server start', or unset PREFECT_API_URL to use a local one") from None
 
 
+def whereabouts() -> str:
+    """This host, and the address it reaches the Prefect API from (a worker's own address on a real network)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from prefect.settings import PREFECT_API_URL
+
+    where = socket.gethostname()
+    url = PREFECT_API_URL.value()
+    host = urlsplit(url).hostname if url else None
+    if host:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # a UDP connect sends nothing
+                s.connect((host, urlsplit(url).port or 80))
+                where += f", {s.getsockname()[0]} -> {url}"
+        except OSError:
+            pass
+    return where
+
+
 def connect() -> str:
     """Make sure this process has a Prefect API before a flow runs; its URL.
 

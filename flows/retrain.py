@@ -14,6 +14,8 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 from prefect.tasks import exponential_backoff
 
+from flows.api import whereabouts
+from flows.automations import champion_moved
 from retrain.config import Params, load_params
 from retrain.errors import RetrainError
 from retrain.nodata import HOW, no_batch_yet
@@ -69,6 +71,35 @@ def _mark_crashed(previous: dict[str, Any]) -> None:
         logger.warning("could not mark flow run %s crashed: %s", run_id, e)
 
 
+def _duplicate_of() -> str | None:
+    """The run that this deployment run duplicates (same deployment, same scheduled slot, made earlier), if any.
+
+    A redeploy can schedule a slot again that a run already has; the earlier run, unless it failed or was cancelled,
+    does the slot's work, and this one does nothing.
+    """
+    from prefect import get_client
+    from prefect.client.schemas import filters as f
+
+    run_id = runtime.flow_run.id
+    if not runtime.deployment.id or not run_id:
+        return None
+    with get_client(sync_client=True) as client:
+        me = client.read_flow_run(run_id)
+        slot = me.expected_start_time
+        if me.deployment_id is None or slot is None:
+            return None
+        others = client.read_flow_runs(flow_run_filter=f.FlowRunFilter(
+            deployment_id=f.FlowRunFilterDeploymentId(any_=[me.deployment_id]),
+            expected_start_time=f.FlowRunFilterExpectedStartTime(after_=slot, before_=slot)))
+    for other in sorted(others, key=lambda r: r.created or slot):
+        if other.id == me.id or (other.created and me.created and other.created >= me.created):
+            continue
+        state = other.state
+        if state is not None and not (state.is_failed() or state.is_crashed() or state.is_cancelled()):
+            return f"{other.name} ({other.id})"
+    return None
+
+
 def _stage_options(params: Params) -> dict[str, Any]:
     p = params.retrain
     delay = exponential_backoff(backoff_factor=p.retry_delay)(p.retries) if p.retries and p.retry_delay else 0
@@ -109,11 +140,18 @@ def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: b
     quiet_expected_failures()
     logger = get_run_logger()
     paths = Paths.at(project)
+    logger.info("workspace %s, on %s", paths.root, whereabouts())
     require_workspace(paths)
     params = load_params(paths.params)
     summary: dict[str, Any] = {"ingested": [], "stages": {}, "seconds": {}, "nothing_to_retrain": False,
                                "model": params.registry.model_name, "version": None, "promoted": False,
                                "reasons": [], "commit": None, "batches": batches}
+    duplicate = _duplicate_of()
+    if duplicate:
+        logger.info("a duplicate run for the slot that %s has: nothing to do", duplicate)
+        summary.update(nothing_to_retrain=True, duplicate_of=duplicate)
+        summary.pop("batches")
+        return summary
     if only_if_new and not waiting(paths, batches):
         logger.info("no batch waiting in %s: nothing to do", paths.incoming)
         summary["nothing_to_retrain"] = True
@@ -163,6 +201,8 @@ def _loop(paths: Paths, params: Params, summary: dict[str, Any]) -> None:
             promotion = publish_evaluation(paths, params.retrain.mlflow_ui)
             summary.update(version=promotion.get("version"), promoted=bool(promotion.get("promoted")),
                            reasons=list(promotion.get("reasons") or []))
+            if summary["promoted"]:  # the automation 'retrain: champion moved' notifies a team's server
+                champion_moved(promotion, eval_scores(paths))
     summary["data_version"] = master_version(paths)
     if summary["stages"].get("evaluate"):
         summary.update(eval_scores(paths))

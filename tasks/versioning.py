@@ -6,6 +6,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from retrain.errors import ExternalToolError, TransientError
+from retrain.faults import fault_point
 from retrain.paths import Paths
 from retrain.workspace import commit, dvc, git
 from tasks.stages import _transient_only
@@ -26,6 +27,7 @@ def git_commit(root: str, message: str) -> str | None:
 @task(name="dvc-push", task_run_name="dvc-push", retry_condition_fn=_transient_only, cache_policy=NO_CACHE)
 def dvc_push(root: str) -> None:
     """``dvc push`` to the default remote; an unreachable remote is transient (retried with backoff)."""
+    fault_point("push.before")
     try:
         dvc(["push", "-q"], Paths.at(root).root, "dvc push")
     except ExternalToolError as e:

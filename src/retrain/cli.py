@@ -212,6 +212,15 @@ def promote(project: ProjectOpt = Path(".")) -> None:
         _out(f"note: {note}")
 
 
+@app.command("check-remote")
+def check_remote(project: ProjectOpt = Path(".")) -> None:
+    """Restore the committed version from the DVC remote into an empty cache, as a new machine would (verified)."""
+    from retrain.workspace import check_remote as run_check
+
+    paths, _ = _workspace(project)
+    _out(run_check(paths))
+
+
 @app.command()
 def rollback(
     to: Annotated[str | None, typer.Option("--to", help="Version to make champion (default: the previous).")] = None,
@@ -301,9 +310,31 @@ def serve(project: ProjectOpt = Path(".")) -> None:
         raise RetrainError("retrain serve needs a Prefect server to schedule its runs: start one with "
                            "'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api")
     connect()
+    from flows.automations import ensure_automations
     from flows.deployments import serve_workspace
 
+    _out(f"automations: {', '.join(ensure_automations())}")
     serve_workspace(paths.root, params)
+
+
+@app.command()
+def automations(notify_url: Annotated[str | None, typer.Option(
+        help="Webhook for notifications (default: $RETRAIN_NOTIFY_URL).")] = None) -> None:
+    """Create or update retrain's automations on the Prefect server: notify on failed runs and champion moves,
+    crash zombie runs."""
+    from flows.api import connect, defaults
+
+    defaults()
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise RetrainError("automations live on a Prefect server: set PREFECT_API_URL (e.g. "
+                           "http://127.0.0.1:4200/api after 'prefect server start')")
+    connect()
+    from flows.automations import ensure_automations
+
+    for name in ensure_automations(notify_url):
+        _out(f"automation ready: {name}")
 
 
 @app.command()

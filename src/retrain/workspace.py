@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 #: The embedded default DVC remote: a folder outside any workspace.
 DEFAULT_REMOTE = "~/.cache/retrain/dvc-remote"
+#: The name of a workspace's default DVC remote (a folder, or ``s3://bucket/prefix`` with ``dvc[s3]``).
+REMOTE = "store"
 
 #: Files copied from ``retrain/templates`` into a new workspace: template name -> workspace path.
 TEMPLATE_FILES = {
@@ -117,7 +119,9 @@ def init_workspace(target: Path, remote: str = DEFAULT_REMOTE) -> Paths:
         git(["init", "-q", "-b", "main"], paths.root, "git init")
         dvc(["init", "-q"], paths.root, "dvc init")
         dvc(["config", "core.autostage", "true"], paths.root, "dvc config")
-        dvc(["remote", "add", "-d", "local", remote], paths.root, "dvc remote add")
+        dvc(["remote", "add", "-d", REMOTE, remote], paths.root, "dvc remote add")
+        # A pull re-hashes what it fetched: an object damaged or cut short in the remote is refused, not checked out.
+        dvc(["remote", "modify", REMOTE, "verify", "true"], paths.root, "dvc remote modify")
         git(["add", "-A"], paths.root, "git add")
         git(["commit", "-q", "-m", "retrain workspace"], paths.root, "git commit")
     except Exception:
@@ -169,6 +173,40 @@ def commit(paths: Paths, message: str) -> bool:
         return False
     git(["commit", "-q", "-m", message, "--", *chosen], paths.root, "git commit")
     return True
+
+
+def check_remote(paths: Paths) -> str:
+    """Restore the committed version from the DVC remote as a new machine would; a line saying what was restored.
+
+    ``dvc push`` and ``dvc status --cloud`` trust a directory whose manifest (``.dir``) is on the remote, so an
+    object lost or never uploaded (a push cut off, a bucket edited) goes unseen by them.  This clones the
+    workspace's HEAD into a temp folder (with ``.dvc/config.local``, where credentials may live), and ``dvc pull``s
+    it into an empty cache, which re-hashes what it fetched (``verify true``, set by ``retrain init``).
+
+    Raises:
+        ExternalToolError: The remote cannot restore it; DVC's own lines say which objects.
+    """
+    import tempfile
+
+    head = git(["rev-parse", "--short", "HEAD"], paths.root, "git rev-parse").strip()
+    remote = dvc(["remote", "default"], paths.root, "dvc remote default").strip()
+    with tempfile.TemporaryDirectory(prefix="retrain-check-remote-") as tmp:
+        clone = Path(tmp) / "clone"
+        git(["clone", "-q", "--no-local", str(paths.root), str(clone)], Path(tmp), "git clone")
+        local = paths.root / ".dvc" / "config.local"
+        if local.is_file():
+            shutil.copy2(local, clone / ".dvc" / "config.local")
+        proc = subprocess.run([sys.executable, "-m", "dvc", "pull"], cwd=clone, capture_output=True, text=True,
+                              check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+        if proc.returncode != 0:
+            out = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+            first = next((i for i, ln in enumerate(out) if ln.startswith("ERROR")), len(out))
+            noise = ("<http", "Is your", "Everything is up to date")
+            said = [ln.removeprefix("ERROR: ") for ln in out[first:] if not ln.startswith(noise)]
+            raise ExternalToolError(f"the DVC remote {remote} cannot restore {head}: "
+                                    + (" ".join(said) or f"dvc pull exited {proc.returncode}")[:1500])
+        files = sum(1 for p in (clone / "data").rglob("*") if p.is_file())
+    return f"the DVC remote {remote} restores {head}: {files} files under data/ pulled into an empty cache and verified"
 
 
 def master_version(paths: Paths) -> str | None:

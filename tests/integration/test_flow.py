@@ -200,7 +200,7 @@ def test_an_unreachable_dvc_remote_is_retried_with_backoff_then_fails_with_the_r
     paths = first.paths
     params = (paths.root / "params.yaml").read_text()
     _set(paths.root, "retrain", retries=2, retry_delay=0.2)
-    run_dvc("remote", "modify", "--local", "local", "url", "http://127.0.0.1:9/dvc-remote", cwd=paths.root)
+    run_dvc("remote", "modify", "--local", "store", "url", "http://127.0.0.1:9/dvc-remote", cwd=paths.root)
     try:
         state = retrain(project=str(paths.root), return_state=True)
     finally:

@@ -188,3 +188,39 @@ def test_training_re_hashes_every_image_and_names_a_damaged_or_missing_one(tmp_p
     assert lines[0].startswith("batches/b/images/1.jpg: [image-sha256] sha256 ")
     assert lines[1].startswith("batches/b/images/2.jpg: [image-sha256] cannot be read")
     assert "2 of 3 images differ from what was ingested; nothing was trained" in lines[-1]
+
+
+def test_ddp_ranks_read_disjoint_shards_of_the_same_epoch_order_whatever_the_node():
+    from retrain.training.data import EpochSampler
+
+    n, world = 17, 2
+    for epoch in (0, 1, 5):
+        shards = []
+        for rank in range(world):
+            s = EpochSampler(n, seed=3, shuffle=True, rank=rank, world=world)
+            s.epoch = epoch  # what set_epoch does (without reseeding this test's process)
+            shards.append([i for i, e, r in s])
+            assert len(shards[-1]) == len(s) == 9
+        a, b = (set(x) for x in shards)
+        assert a | b == set(range(n)) and len(a & b) <= 1  # disjoint but for DistributedSampler-style padding
+        again = EpochSampler(n, seed=3, shuffle=True, rank=1, world=world)
+        again.epoch = epoch
+        assert [i for i, _, _ in again] == shards[1]  # depends on (seed, epoch) only: a resumed run draws the same
+    assert shards != [list(range(0, n, 2)), list(range(1, n, 2))]  # shuffled
+
+
+def test_ddp_on_cpus_trains_in_one_memory_format_without_timing_each_rank(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    from retrain.training import trainer
+
+    def timed(*args: object) -> float:
+        raise AssertionError("a DDP rank timed its own CPU")
+
+    monkeypatch.setattr(trainer, "_step_seconds", timed)
+    model = build_model("yolo11n.yaml", ["a"])
+    cpu = TrainParams(accelerator="cpu")
+    for p in (cpu.model_copy(update={"num_nodes": 2}), cpu.model_copy(update={"devices": 2})):
+        assert trainer.use_channels_last(p, model, tmp_path / "fmt.json") is False
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's
+    assert trainer.use_channels_last(cpu, model, tmp_path / "fmt.json") is False
+    assert trainer.use_channels_last(cpu.model_copy(update={"channels_last": "on", "num_nodes": 2}), model) is True

@@ -353,6 +353,9 @@ class MasterDataModule(pl.LightningDataModule):
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None and shard else (0, 1)
         sampler = EpochSampler(len(ds), self.params.seed, shuffle=train,
                                on_epoch=self.log_epoch if train else None, rank=rank, world=world)
+        if world > 1 and train:
+            log.info("rank %d of %d reads %d of the %d training images an epoch (every %d-th of the epoch's order)",
+                     rank, world, len(sampler), len(ds), world)
         workers = int(self.params.workers)
         return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=workers,
                           persistent_workers=workers > 0, collate_fn=YOLODataset.collate_fn, pin_memory=False,

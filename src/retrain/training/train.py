@@ -147,7 +147,10 @@ def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _is_main_process() -> bool:
-    """False in the processes Lightning's DDP launcher starts for ranks > 0 (they rerun this command)."""
+    """False in the processes of ranks > 0: those Lightning's DDP launcher starts (they rerun this command), and
+    those another launcher started on this or another node (``torchrun`` sets ``RANK``)."""
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"]) == 0
     return int(os.environ.get("LOCAL_RANK", "0")) == 0 and int(os.environ.get("NODE_RANK", "0")) == 0
 
 

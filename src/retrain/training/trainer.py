@@ -65,20 +65,28 @@ def resolve_precision(params: TrainParams) -> str:
     return "bf16-mixed" if on_cuda(params) and torch.cuda.is_bf16_supported() else "32-true"
 
 
+def _multi_process(params: TrainParams) -> bool:
+    devices = str(params.devices)
+    return params.num_nodes > 1 or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 or (
+        devices.isdigit() and int(devices) > 1)
+
+
 def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None, cache: Path | None = None) -> bool:
     """Whether to train in channels_last memory format.
 
     ``auto``: on CUDA, yes (faster convolutions there).  On a CPU it depends on the processor (oneDNN's NHWC
     kernels were 1.17x faster for yolo11n on a Xeon with AMX, and may be slower elsewhere), so one training step
     of ``model`` is timed in both formats, once per processor, torch version, thread count, model and size; the
-    answer is cached in ``cache`` (a JSON file), so a resumed run makes the same choice.
+    answer is cached in ``cache`` (a JSON file), so a resumed run makes the same choice.  A run of several
+    processes (DDP) on CPUs trains in NCHW: DDP needs one format on every rank, and ranks on other machines would
+    time their own processors.
     """
     if params.channels_last != "auto":
         return params.channels_last == "on"
     if on_cuda(params):
         return True
-    if model is None:
-        return False
+    if model is None or _multi_process(params):
+        return False  # every rank of a DDP run must use one format, and each would time its own CPU's
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "cpu") if Path("/proc/cpuinfo").is_file() else "cpu"
     spec = json.dumps(getattr(model, "yaml", {}), sort_keys=True, default=str)
