@@ -224,3 +224,34 @@ def test_ddp_on_cpus_trains_in_one_memory_format_without_timing_each_rank(tmp_pa
     monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's
     assert trainer.use_channels_last(cpu, model, tmp_path / "fmt.json") is False
     assert trainer.use_channels_last(cpu.model_copy(update={"channels_last": "on", "num_nodes": 2}), model) is True
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_optimizer_trains_with_gradient_clipping_in_every_precision(optimizer: str, precision: str):
+    """Lightning's mixed-precision plugin refuses clipping with a fused optimizer (seen on the first CUDA run)."""
+    import pytorch_lightning as pl
+
+    from retrain.training.module import make_optimizer
+
+    params = TrainParams(optimizer=optimizer, grad_clip=10.0)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return make_optimizer(params, [{"params": list(self.parameters())}], str(self.trainer.precision))
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, precision=precision, gradient_clip_val=params.grad_clip,
+                         max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    module = Tiny()
+    trainer.fit(module, torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    assert trainer.global_step == 2
+    fused = trainer.optimizers[0].defaults.get("fused")
+    assert bool(fused) == (precision == "32-true"), trainer.optimizers[0].defaults

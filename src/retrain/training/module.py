@@ -38,6 +38,20 @@ def build_model(model_yaml: str | dict[str, Any], names: tuple[str, ...] | list[
     return model
 
 
+def make_optimizer(p: TrainParams, groups: list[dict[str, Any]], precision: str) -> torch.optim.Optimizer:
+    """SGD or AdamW over ``groups``, fused where Lightning allows it.
+
+    fused: one kernel per step for all parameters (CPU and CUDA), where torch's plain default on a CPU is a Python
+    loop over ~450 tensors.  Lightning's mixed-precision plugin refuses gradient clipping with an optimizer that
+    unscales gradients itself (any fused one), even in bf16 where nothing is scaled: a mixed-precision run with
+    ``grad_clip`` takes the multi-tensor (foreach) path instead.  Found on the first run on a CUDA GPU.
+    """
+    kind = {"foreach": True} if "mixed" in precision and p.grad_clip else {"fused": True}
+    if p.optimizer == "SGD":
+        return torch.optim.SGD(groups, lr=p.lr, momentum=p.momentum, nesterov=True, **kind)
+    return torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999), **kind)
+
+
 class DetectorModule(pl.LightningModule):
     """Fine-tunes a ``DetectionModel`` on the master.
 
@@ -117,13 +131,7 @@ class DetectorModule(pl.LightningModule):
                 (bias if name == "bias" else norm if isinstance(module, norms) else decay).append(param)
         groups = [{"params": decay, "weight_decay": p.weight_decay}, {"params": norm, "weight_decay": 0.0},
                   {"params": bias, "weight_decay": 0.0}]
-        # fused: one kernel per step for all parameters (CPU and CUDA), where torch's plain default on a CPU is a
-        # Python loop over ~450 tensors.
-        if p.optimizer == "SGD":
-            opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=p.lr, momentum=p.momentum, nesterov=True,
-                                                         fused=True)
-        else:
-            opt = torch.optim.AdamW(groups, lr=p.lr, betas=(p.momentum, 0.999), fused=True)
+        opt = make_optimizer(p, groups, str(self.trainer.precision))
         total = int(self.trainer.estimated_stepping_batches)
         warm = min(round(p.warmup_epochs * total / p.epochs), max(total - 1, 0))
         # As ultralytics' trainer: during warm-up the biases' LR falls from warmup_bias_lr, the others' rises from 0.
