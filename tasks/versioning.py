@@ -29,7 +29,7 @@ def dvc_push(root: str) -> None:
     """``dvc push`` to the default remote; an unreachable remote is transient (retried with backoff)."""
     fault_point("push.before")
     try:
-        dvc(["push", "-q"], Paths.at(root).root, "dvc push")
+        dvc(["push"], Paths.at(root).root, "dvc push")  # not -q: that silences DVC's ERROR line too
     except ExternalToolError as e:
         raise TransientError(str(e)) from e
     get_run_logger().info("data pushed to the DVC remote")

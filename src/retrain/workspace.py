@@ -6,8 +6,10 @@ stage code calls these helpers and never imports DVC itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,9 +61,16 @@ def run_tool(args: list[str], cwd: Path, what: str) -> str:
     except OSError as e:
         raise ExternalToolError(f"{what}: cannot run {args[0]} ({e})") from e
     if proc.returncode != 0:
-        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
-        raise ExternalToolError(f"{what}: {' '.join(args[:3])} failed: {lines[-1] if lines else proc.returncode}")
+        raise ExternalToolError(f"{what}: {' '.join(args[:3])} failed: {tool_error(proc.stderr + proc.stdout)}")
     return proc.stdout
+
+
+def tool_error(output: str) -> str:
+    """The line of a failed tool's output that says why: DVC's ``ERROR:`` line (its last line is a support footer),
+    else the last line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip() and not ln.startswith("Having any troubles?")]
+    errors = [ln.removeprefix("ERROR:").strip() for ln in lines if ln.startswith("ERROR:")]
+    return errors[0] if errors else lines[-1] if lines else "no output"
 
 
 def dvc(args: list[str], cwd: Path, what: str) -> str:
@@ -196,17 +205,59 @@ def check_remote(paths: Paths) -> str:
         local = paths.root / ".dvc" / "config.local"
         if local.is_file():
             shutil.copy2(local, clone / ".dvc" / "config.local")
-        proc = subprocess.run([sys.executable, "-m", "dvc", "pull"], cwd=clone, capture_output=True, text=True,
-                              check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+        # What the commit records: the stages dvc.lock has run and the batches' .dvc files (a stage never run has
+        # nothing to restore, and naming it would fail the pull).
+        lock = yaml.safe_load((clone / "dvc.lock").read_text()) if (clone / "dvc.lock").is_file() else None
+        targets = [*sorted((lock or {}).get("stages") or {}),
+                   *sorted(p.relative_to(clone).as_posix() for p in (clone / "data").rglob("*.dvc"))]
+        if not targets:
+            return f"the DVC remote {remote}: {head} records no data yet (no batch ingested): nothing to restore"
+        proc = subprocess.run([sys.executable, "-m", "dvc", "pull", *targets], cwd=clone, capture_output=True,
+                              text=True, check=False, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
         if proc.returncode != 0:
             out = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
             first = next((i for i, ln in enumerate(out) if ln.startswith("ERROR")), len(out))
             noise = ("<http", "Is your", "Everything is up to date")
             said = [ln.removeprefix("ERROR: ") for ln in out[first:] if not ln.startswith(noise)]
-            raise ExternalToolError(f"the DVC remote {remote} cannot restore {head}: "
+            names = object_names(paths.root)
+            lost = sorted({names.get(h, h) for h in re.findall(r"\b([0-9a-f]{32})\b", " ".join(said))})
+            which = f"missing or damaged: {', '.join(lost[:10])}{' ...' if len(lost) > 10 else ''}; " if lost else ""
+            raise ExternalToolError(f"the DVC remote {remote} cannot restore {head}: {which}"
                                     + (" ".join(said) or f"dvc pull exited {proc.returncode}")[:1500])
         files = sum(1 for p in (clone / "data").rglob("*") if p.is_file())
     return f"the DVC remote {remote} restores {head}: {files} files under data/ pulled into an empty cache and verified"
+
+
+def object_names(root: Path) -> dict[str, str]:
+    """What each DVC object of the committed outputs is: md5 -> workspace path (a file inside a tracked folder too).
+
+    Read from ``dvc.lock``, the ``.dvc`` files under ``data/`` and the folder manifests (``.dir``) in the cache.
+    """
+    outs: list[dict[str, str]] = []
+    docs = [root / "dvc.lock", *sorted((root / "data").rglob("*.dvc"))]
+    for doc_path in docs:
+        try:
+            doc = yaml.safe_load(doc_path.read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        base = doc_path.parent.relative_to(root)
+        entries = [o for st in (doc.get("stages") or {}).values() for o in st.get("outs") or []] \
+            if doc_path.name == "dvc.lock" else doc.get("outs") or []
+        outs += [{"path": (base / str(o["path"])).as_posix(), "md5": str(o.get("md5", ""))} for o in entries
+                 if isinstance(o, dict) and "path" in o]
+    names: dict[str, str] = {}
+    cache = root / ".dvc" / "cache" / "files" / "md5"
+    for out in outs:
+        md5 = out["md5"]
+        names[md5.removesuffix(".dir")] = out["path"] + ("/ (its manifest)" if md5.endswith(".dir") else "")
+        manifest = cache / md5[:2] / md5[2:]
+        if md5.endswith(".dir") and manifest.is_file():
+            try:
+                for entry in json.loads(manifest.read_text()):
+                    names.setdefault(entry["md5"], f"{out['path']}/{entry['relpath']}")
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+    return names
 
 
 def master_version(paths: Paths) -> str | None:

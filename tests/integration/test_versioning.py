@@ -135,3 +135,28 @@ def test_init_makes_a_workspace_and_refuses_a_non_empty_folder(tmp_path: Path):
     again = run_cli("init", tmp_path / "new", cwd=tmp_path)
     assert again.returncode == 1 and "not empty" in again.stderr
     shutil.rmtree(tmp_path / "new")
+
+
+def test_check_remote_restores_into_an_empty_cache_and_names_a_lost_object(workspace: Paths, sample_root: Path):
+    ws = workspace.root
+    assert "nothing to restore" in run_cli("check-remote", cwd=ws, check=True).stdout
+    run_cli("ingest", sample_root / "batch-1", cwd=ws, check=True)
+    run_dvc("repro", "validate", cwd=ws)  # train and later stages never ran: nothing of theirs to restore
+    _commit(workspace, "batch-1")
+    run_dvc("push", cwd=ws)
+    ok = run_cli("check-remote", cwd=ws)
+    assert ok.returncode == 0 and "restores" in ok.stdout and "verified" in ok.stdout, ok.stderr
+
+    # An object lost from the remote: DVC's own view (dvc status --cloud) still says in sync; a fresh pull does not.
+    remote = Path(run_dvc("remote", "list", cwd=ws).split()[1])
+    manifest = load_json(workspace.master / "annotations.json")
+    image = manifest["images"][0]["file_name"]  # relative to data/
+    import hashlib
+
+    md5 = hashlib.md5((workspace.data / image).read_bytes()).hexdigest()
+    (remote / "files" / "md5" / md5[:2] / md5[2:]).unlink()
+    assert "in sync" in run_dvc("status", "--cloud", cwd=ws)
+    lost = run_cli("check-remote", cwd=ws)
+    errors = [ln for ln in lost.stderr.splitlines() if ln.startswith("error:")]
+    assert lost.returncode == 1 and len(errors) == 1 and "cannot restore" in errors[0], lost.stderr
+    assert f"data/{image}" in errors[0] or f"data/master/{Path(image).name}" in errors[0], errors

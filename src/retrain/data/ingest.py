@@ -97,7 +97,7 @@ def _admit(paths: Paths, name: str, stage: Path) -> None:
     stage.rename(target)
     try:
         fault_point("ingest.before-dvc-add")
-        dvc(["add", "-q", target.relative_to(paths.root).as_posix()], paths.root, f"dvc add of batch {name}")
+        dvc(["add", target.relative_to(paths.root).as_posix()], paths.root, f"dvc add of batch {name}")
     except BaseException:
         shutil.rmtree(target, ignore_errors=True)
         dvc_file = paths.batch_dvc_file(name)
