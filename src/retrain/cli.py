@@ -235,6 +235,28 @@ def rollback(
     _out(f"{params.registry.model_name}@champion: version {r.previous} -> {r.champion}")
 
 
+@app.command("registry-copy")
+def registry_copy(
+    source: Annotated[str, typer.Option("--from", help="Tracking URI to copy the champion from "
+                                                       "(e.g. sqlite:///mlflow.db).")],
+    target: Annotated[str | None, typer.Option("--to", help="Tracking URI to copy into (default: this workspace's: "
+                                                            "MLFLOW_TRACKING_URI, else its mlflow.db).")] = None,
+    project: ProjectOpt = Path("."),
+) -> None:
+    """Copy the champion (model file, lineage tags) into another registry and make it the champion there."""
+    from retrain.registry.copy import copy_champion
+    from retrain.registry.promote import redact
+    from retrain.registry.tracking import tracking_uri
+
+    paths, params = _workspace(project)
+    to = target or tracking_uri(paths.root)
+    name = params.registry.model_name
+    c = copy_champion(source, to, name, params.registry.experiment, paths.root, params.retrain.registry_wait)
+    how = "registered" if c.new else "already there"
+    _out(f"{name}@champion in {redact(to)}: version {c.version} ({how}; version {c.source_version} of "
+         f"{redact(source)})")
+
+
 @app.command()
 def status(project: ProjectOpt = Path(".")) -> None:
     """The registry's versions: aliases, data versions, metrics, decisions."""

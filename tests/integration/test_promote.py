@@ -299,3 +299,44 @@ def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(train
     assert len(served) == len(local) > 0
     assert {d["class_name"] for d in served} <= names
     assert served[0]["score"] == pytest.approx(local["score"].iloc[0], abs=1e-5)
+
+
+def test_registry_copy_moves_the_champion_to_another_store_and_back(trained: Path, tmp_path: Path):
+    """A workspace moving to a team's tracking server takes its champion along (and back), from any folder."""
+    import hashlib
+
+    paths = _fresh(trained, tmp_path / "ws")  # the same workspace, its registry empty: the "new server"
+    source, target = f"sqlite:///{trained / 'mlflow.db'}", _uri(paths)
+    elsewhere = tmp_path / "elsewhere"  # no mlflow.db here: MLflow's default registry must not be what is read
+    elsewhere.mkdir()
+    proc = run_cli("registry-copy", "--from", source, "-C", paths.root, cwd=elsewhere)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{NAME}@champion in {target}: version 1 (registered; version 1 of {source})" in proc.stdout, proc.stdout
+    assert not (elsewhere / "mlflow.db").exists()
+
+    src, dst = _client(source), _client(target)
+    assert _aliases(dst) == {"champion": "1", "challenger": "1"}
+    copied = dst.get_model_version(NAME, "1").tags
+    original = src.get_model_version(NAME, "1").tags
+    assert copied["retrain.copied_from"] == f"{source} {NAME} version 1"
+    kept = [f"retrain.{k}" for k in LINEAGE if k != "parent_version"]  # the parent is the target's champion
+    assert {k: copied[k] for k in kept} == {k: original[k] for k in kept}
+    assert copied["retrain.parent_version"] == "none"
+    weights = (trained / "models" / "candidate" / "model.pt").read_bytes()
+    assert copied["retrain.candidate_sha256"] == hashlib.sha256(weights).hexdigest()
+
+    # The next evaluation in the moved workspace is judged against the copied champion: the same weights.
+    run_cli("evaluate", cwd=paths.root, check=True)
+    evaluation = load_json(paths.eval_report)
+    assert evaluation["champion"]["version"] == "1"
+    assert evaluation["candidate"]["sha256"] == hashlib.sha256(weights).hexdigest()  # the copied weights again:
+    assert evaluation["champion"]["metrics"] == evaluation["candidate"]["metrics"]  # so the very same scores
+
+    # Again, and back: the weights are found where they are, nothing is registered twice.
+    again = run_cli("registry-copy", "--from", source, "-C", paths.root, cwd=elsewhere, check=True)
+    assert "version 1 (already there" in again.stdout, again.stdout
+    back = run_cli("registry-copy", "--from", target, "--to", source, "-C", paths.root, cwd=elsewhere, check=True)
+    assert f"{NAME}@champion in {source}: version 1 (already there" in back.stdout, back.stdout
+    assert [str(v.version) for v in src.search_model_versions(f"name = '{NAME}'")] == ["1"]
+    same = run_cli("registry-copy", "--from", target, "--to", target, "-C", paths.root, cwd=elsewhere)
+    assert same.returncode == 1 and "same registry" in same.stderr, same.stderr

@@ -165,7 +165,7 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     registry_call(f"move the aliases of {name}", lambda: _move_aliases(mc, name, version, parent, decision), wait)
     report = {"model": name, "version": version, "promoted": decision.promote, "reasons": list(decision.reasons),
               "notes": list(decision.notes), "parent_version": parent, "champion": version if decision.promote
-              else parent, "tags": tags, "tracking_uri": _redact(uri)}
+              else parent, "tags": tags, "tracking_uri": redact(uri)}
     write_atomic(paths.promotion_report, dumps_canonical(report))
     return PromotionResult(version, decision, report)
 
@@ -203,7 +203,7 @@ def _eval_metrics(evaluation: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def _redact(uri: str) -> str:
+def redact(uri: str) -> str:
     """A URI without its password (``user:secret@host`` -> ``user:***@host``): no secrets in reports."""
     from urllib.parse import urlsplit, urlunsplit
 
@@ -240,7 +240,53 @@ def _lineage_tags(paths: Paths, params: Params, evaluation: dict[str, Any], trai
 
 def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths, train: dict[str, Any],
               tags: dict[str, str], metrics: dict[str, float]) -> str:
-    """Log the pyfunc model (in the training run when this store has it) and register it; returns the version."""
+    """Log the candidate's pyfunc model (in the training run when this store has it) and register it; its version."""
+    reports = [(paths.eval_report, "evaluation"), (paths.eval_markdown, "evaluation")]
+    if paths.eval_plots.is_dir():
+        reports.append((paths.eval_plots, "evaluation/plots"))
+    return log_version(uri, name, ModelSource(weights, train.get("classes"), train.get("data_version")), tags,
+                       metrics, VersionRun(experiment, str(train.get("mlflow_run_id")), paths.root), reports)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """The model a version serves: its retrain model file, class names and data version (pyfunc metadata)."""
+
+    weights: Path
+    classes: Any
+    data_version: Any
+
+
+@dataclass(frozen=True)
+class VersionRun:
+    """Where a version is logged: ``run_id`` when this store has that run, else a new run of ``experiment``."""
+
+    experiment: str
+    run_id: str
+    root: Path
+    run_name: str = "promote (training run not in this store)"
+
+
+def log_version(uri: str, name: str, model: ModelSource, tags: dict[str, str], metrics: dict[str, float],
+                where: VersionRun, extra: list[tuple[Path, str]] | None = None) -> str:
+    """Log ``model`` as the pyfunc model served by ``serving.py`` and register it as a new version of ``name``.
+
+    Args:
+        uri: Tracking and registry URI.
+        name: Registered model name (made if missing).
+        model: The weights and what the pyfunc's metadata says of them.
+        tags: The version's tags.
+        metrics: Run metrics to log beside it.
+        where: The run to log it in.
+        extra: More files or folders to log in the run (path, artifact folder).
+
+    Returns:
+        The new version.
+
+    Raises:
+        RetrainError: The registry refused (``champion`` has not moved).
+        MlflowException: The store is busy or down (``registry_call`` retries it).
+    """
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -248,25 +294,26 @@ def _register(uri: str, name: str, experiment: str, weights: Path, paths: Paths,
 
     try:
         with _fluent_uri(uri):
-            run_id = _run_for(mlflow.MlflowClient(uri, uri), experiment, str(train.get("mlflow_run_id")), paths, uri)
+            run_id = _run_for(mlflow.MlflowClient(uri, uri), where, uri)
             with mlflow.start_run(run_id=run_id):
-                fault_point("promote.log-model", paths.root / "mlartifacts")  # where a local store writes
+                fault_point("promote.log-model", where.root / "mlartifacts")  # where a local store writes
                 info = mlflow.pyfunc.log_model(
                     name="model", python_model=str(Path(__file__).with_name("serving.py")),
-                    artifacts={"weights": str(weights)}, signature=_signature(), input_example=example_input(),
+                    artifacts={"weights": str(model.weights)}, signature=_signature(), input_example=example_input(),
                     pip_requirements=_requirements(),
-                    metadata={"retrain": {"classes": train.get("classes"), "data_version": train.get("data_version")}})
-                for report in (paths.eval_report, paths.eval_markdown):
-                    mlflow.log_artifact(str(report), artifact_path="evaluation")
-                if paths.eval_plots.is_dir():
-                    mlflow.log_artifacts(str(paths.eval_plots), artifact_path="evaluation/plots")
+                    metadata={"retrain": {"classes": model.classes, "data_version": model.data_version}})
+                for path, folder in extra or []:
+                    if path.is_dir():
+                        mlflow.log_artifacts(str(path), artifact_path=folder)
+                    else:
+                        mlflow.log_artifact(str(path), artifact_path=folder)
                 mlflow.log_metrics(metrics)
             _ensure_registered_model(mlflow.MlflowClient(uri, uri), name)
             mv = mlflow.register_model(info.model_uri, name, tags=tags)
     except MlflowException as e:
         if busy_or_down(e):
             raise  # registry_call retries it
-        raise RetrainError(f"model registry {_redact(uri)}: cannot register {name} ({e.message}); "
+        raise RetrainError(f"model registry {redact(uri)}: cannot register {name} ({e.message}); "
                            f"{name}@{CHAMPION} has not moved") from e
     return str(mv.version)
 
@@ -296,20 +343,21 @@ def _fluent_uri(uri: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def _run_for(mc: Any, experiment: str, train_run: str, paths: Paths, uri: str) -> str:
-    """The training run when this store has it (the version then links to its curves), else a new run."""
+def _run_for(mc: Any, where: VersionRun, uri: str) -> str:
+    """The given run when this store has it (the version then links to its curves), else a new run."""
     from mlflow.exceptions import MlflowException
 
     from retrain.registry.tracking import artifact_root
 
-    try:
-        mc.get_run(train_run)
-        return train_run
-    except MlflowException:
-        exp = mc.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else mc.create_experiment(experiment, artifact_root(paths.root, uri))
-        return str(mc.create_run(exp_id, tags={"mlflow.runName": "promote (training run not in this store)"})
-                   .info.run_id)
+    if where.run_id:
+        try:
+            mc.get_run(where.run_id)
+            return where.run_id
+        except MlflowException:
+            pass  # trained against another store: a run of its own here
+    exp = mc.get_experiment_by_name(where.experiment)
+    exp_id = exp.experiment_id if exp else mc.create_experiment(where.experiment, artifact_root(where.root, uri))
+    return str(mc.create_run(exp_id, tags={"mlflow.runName": where.run_name}).info.run_id)
 
 
 def _ensure_registered_model(mc: Any, name: str) -> None:

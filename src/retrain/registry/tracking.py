@@ -155,14 +155,19 @@ def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> Champi
     """
     from mlflow.artifacts import download_artifacts
 
-    version = current_champion(client(uri), model_name, wait)
+    mc = client(uri)
+    version = current_champion(mc, model_name, wait)
     if version is None:
         return None
     shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
     where = dest / f"v{version}"
     where.mkdir(parents=True)
+    # The version's own artifact URI from this registry: a ``models:/`` URI would be resolved against MLflow's
+    # default registry (MLFLOW_REGISTRY_URI, else ./mlflow.db of the current folder), not necessarily ``uri``.
+    source = registry_call(f"locate {model_name} version {version}",
+                           lambda: mc.get_model_version_download_uri(model_name, version), wait)
     local = Path(registry_call(f"download {model_name} version {version}", lambda: download_artifacts(
-        artifact_uri=f"models:/{model_name}/{version}", dst_path=str(where), tracking_uri=uri), wait))
+        artifact_uri=source, dst_path=str(where), tracking_uri=uri), wait))
     found = sorted(local.rglob(WEIGHTS_NAME))
     if not found:
         raise RetrainError(f"model registry: {model_name} version {version} has no {WEIGHTS_NAME}")
