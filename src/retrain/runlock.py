@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from retrain.errors import WorkspaceBusy
+from retrain.errors import WorkspaceBusy, WorkspaceError
 from retrain.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,48 @@ def describe(owner: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+#: File systems whose ``flock`` another host never sees (sshfs: always; NFS: with these mount options).
+_LOCAL_ONLY_FS = ("fuse.sshfs",)
+_LOCAL_ONLY_NFS = ("nolock", "local_lock=flock", "local_lock=all")
+
+
+def _mount_of(path: Path, mountinfo: str) -> tuple[str, str, list[str]]:
+    """The mount holding ``path``: (mount point, file system type, mount + super options), from ``mountinfo``."""
+    best: tuple[str, str, list[str]] = ("/", "", [])
+    for line in mountinfo.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 6 or len(rest) < 2:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = path.as_posix() == point or path.as_posix().startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best[0]):
+            best = (point, rest[0], fields[5].split(",") + (rest[2].split(",") if len(rest) > 2 else []))
+    return best
+
+
+def lock_scope_problem(path: Path, mountinfo: str | None = None) -> str | None:
+    """Why the run lock at ``path`` would not be seen by other hosts, or ``None`` when it would.
+
+    A team's workers share a workspace on a file system (README, production deployment); the run lock is what
+    makes their runs take turns, so a mount whose locks stay on one host (NFS with ``nolock`` or
+    ``local_lock=flock|all``, sshfs) is refused rather than trusted.
+    """
+    if mountinfo is None:
+        try:
+            mountinfo = Path("/proc/self/mountinfo").read_text()
+        except OSError:
+            return None
+    point, fstype, options = _mount_of(path.resolve(), mountinfo)
+    local = [o for o in options if o in _LOCAL_ONLY_NFS] if fstype.startswith("nfs") else []
+    if fstype in _LOCAL_ONLY_FS or local:
+        how = f"mounted with {', '.join(local)}" if local else "whose locks never leave this host"
+        return (f"{path}: the workspace is on {fstype} at {point}, {how}: a run on another host would not see this "
+                "run's lock and two runs could write the workspace at once; mount it with working locks (NFS "
+                "without nolock/local_lock) or keep the workspace on a local disk with one worker host")
+    return None
+
+
 @contextmanager
 def run_lock(paths: Paths, owner: dict[str, Any], timeout: float,
              on_wait: Callable[[dict[str, Any]], None] | None = None, poll: float = 0.5) -> Iterator[dict[str, Any]]:
@@ -63,9 +105,13 @@ def run_lock(paths: Paths, owner: dict[str, Any], timeout: float,
 
     Raises:
         WorkspaceBusy: Another run held the lock for longer than ``timeout``.
+        WorkspaceError: The workspace's file system keeps locks on this host only (``lock_scope_problem``).
     """
     paths.cache.mkdir(parents=True, exist_ok=True)
     path = paths.cache / "run.lock"
+    problem = lock_scope_problem(paths.cache)
+    if problem:
+        raise WorkspaceError(problem)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         deadline = time.monotonic() + timeout

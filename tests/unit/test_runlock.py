@@ -79,3 +79,30 @@ def test_dvc_locks_left_by_a_killed_dvc_are_repaired_only_while_no_dvc_works_her
         assert repair_dvc_locks(tmp_path) == [] and rw.exists()
     [line] = repair_dvc_locks(tmp_path)
     assert "unreadable" in line and not rw.exists()
+
+
+MOUNTINFO = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 259:1 / / rw,relatime - ext4 /dev/root rw
+40 27 0:50 / /srv/shared rw,relatime - nfs4 nas:/export rw,vers=4.2,hard,proto=tcp,local_lock=none
+41 27 0:51 / /srv/nolock rw,relatime - nfs nas:/export rw,vers=3,nolock,local_lock=all
+42 41 0:52 / /srv/nolock/inner rw,relatime - nfs4 nas:/other rw,vers=4.1,local_lock=none
+43 27 0:53 / /mnt/remote\\040dir rw,relatime - fuse.sshfs me@host:/w rw,user_id=0
+"""
+
+
+@pytest.mark.parametrize(("path", "refused"), [
+    ("/home/me/detector", None),  # a local disk: one host, its flock is the kernel's
+    ("/srv/shared/detector", None),  # NFSv4 with server-side locks
+    ("/srv/nolock/detector", "mounted with nolock, local_lock=all"),
+    ("/srv/nolock/inner/detector", None),  # the deepest mount decides
+    ("/mnt/remote dir/detector", "fuse.sshfs"),
+])
+def test_a_workspace_whose_locks_other_hosts_cannot_see_is_refused(path: str, refused: str | None):
+    from retrain.runlock import lock_scope_problem
+
+    problem = lock_scope_problem(Path(path), MOUNTINFO)
+    if refused is None:
+        assert problem is None, problem
+    else:
+        assert problem is not None and refused in problem and "another host" in problem, problem
