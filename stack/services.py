@@ -106,7 +106,7 @@ class Stack:
 
     state: Path
     net: Net
-    secrets: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)  # never in a test's failure output
 
     @classmethod
     def at(cls, state: Path, prefix: str = "rts", net: str = "10.231.7") -> Stack:

@@ -28,8 +28,13 @@ pytestmark = pytest.mark.topology
 def _logs(client: Any, run_id: Any) -> list[str]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    return [log.message for log in client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-        any_=[run_id])), limit=200)]
+    messages: list[str] = []
+    while True:  # the server returns at most 200 a page
+        page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200,
+                                offset=len(messages))
+        messages += [log.message for log in page]
+        if len(page) < 200:
+            return messages
 
 
 def _task_runs(client: Any, run_id: Any) -> list[Any]:
@@ -133,8 +138,21 @@ def test_two_runs_at_once_on_two_workers_take_turns_use_every_store_and_notify(s
     assert "bad" in failed[0]["body"], failed
     shutil.rmtree(bad)
 
+    # Back to the embedded defaults: the champion comes out of the server (its file from S3, through the server's
+    # proxy) into a local sqlite registry, as its champion there.
+    back = f"sqlite:///{tmp_path / 'back' / 'mlflow.db'}"
+    (tmp_path / "back").mkdir()
+    copied = run_cli("registry-copy", "--from", stack.mlflow_url, "--to", back, cwd=paths.root,
+                     env=client_env(stack, tmp_path / "p"))
+    assert copied.returncode == 0 and "version 1 (registered; version 1 of" in copied.stdout, copied.stderr[-2000:]
+    import mlflow
+
+    local, server = mlflow.MlflowClient(back, back), mlflow.MlflowClient(stack.mlflow_url, stack.mlflow_url)
+    assert local.get_model_version_by_alias(name, "champion").tags["retrain.data_version"] == \
+        server.get_model_version(name, "1").tags["retrain.data_version"]
+
     # No secret of the stack (PostgreSQL passwords, either S3 secret key) is in any store, log, report or DVC file.
-    found = secrets_in(stack, [paths.root, stack.state / "logs", tmp_path / "p"])
+    found = secrets_in(stack, [paths.root, stack.state / "logs", tmp_path / "p", tmp_path / "back"])
     assert found == {}, found
 
 
