@@ -13,6 +13,9 @@ with a bare ``RuntimeError``.  ``connect()`` starts that same server before the 
 - and a failure is one line with the remedy (exit 75, nothing changed: nothing has run yet).
 
 Prefect's own ``get_client()`` then finds the server running and uses it (one server per process, as before).
+
+Prefect is imported inside the functions here, after ``defaults()``: Prefect reads its settings when it is
+imported, and this module is what sets retrain's defaults first (``retrain.cli`` imports it at its top).
 """
 
 from __future__ import annotations
@@ -20,17 +23,22 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
 
 from retrain.errors import TransientError
 from retrain.lifeline import PARENT_ENV as LIFELINE_PARENT
 
 #: Seconds to wait for the local API to answer, unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` is set:
-#: a new home's database took 10-13 s to create here with a core busy; Prefect's 20 s left too little margin.
+#: a new home's database takes seconds to create on 2 cores with one busy (``bench/RESULTS.md``, "measured in
+#: development"), and Prefect's 20 s left too little margin.
 STARTUP_TIMEOUT = 120
 TIMEOUT_ENV = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 REMEDY = ("start a server with 'prefect server start' and set PREFECT_API_URL=http://127.0.0.1:4200/api, "
@@ -86,8 +94,6 @@ def _locked(path: Path, timeout: float) -> int:
 
 
 def _check(url: str) -> None:
-    import httpx
-
     try:
         response = httpx.get(f"{url.rstrip('/')}/health", timeout=15)
         response.raise_for_status()
@@ -98,9 +104,6 @@ def _check(url: str) -> None:
 
 def whereabouts() -> str:
     """This host, and the address it reaches the Prefect API from (a worker's own address on a real network)."""
-    import socket
-    from urllib.parse import urlsplit
-
     from prefect.settings import PREFECT_API_URL
 
     where = socket.gethostname()

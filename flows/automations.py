@@ -4,7 +4,7 @@
 
 - ``retrain: run failed`` -- a flow run of ``retrain`` enters Failed or Crashed: a notification;
 - ``retrain: champion moved`` -- the custom event ``retrain.champion.moved`` that the flow emits when promote moves
-  the alias (payload: model, version, previous version, data version, mAP50-95 delta): a notification;
+  the alias (payload: model, version, previous version, the data's sha256 and DVC md5, mAP50-95 delta): a notification;
 - ``retrain: crash zombie runs`` -- a running ``retrain`` flow run that sent no heartbeat for three heartbeat
   periods (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``) is set Crashed, which frees its deployment's concurrency slot;
   its host or worker died with it, so nothing else would ever end it.
@@ -20,6 +20,15 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from prefect.automations import Automation, ChangeFlowRunState, EventTrigger, Posture, SendNotification
+from prefect.blocks.notifications import CustomWebhookNotificationBlock
+from prefect.client.schemas.objects import StateType
+from prefect.events import emit_event
+from prefect.settings import get_current_settings
+
+from retrain.evaluation.report import EvalReport
+from retrain.promotion.report import PromotionReport
+
 NOTIFY_ENV = "RETRAIN_NOTIFY_URL"
 BLOCK = "retrain-notify"
 FLOW = "retrain"
@@ -28,8 +37,6 @@ FAILED, MOVED, ZOMBIES = "retrain: run failed", "retrain: champion moved", "retr
 
 
 def _upsert(automation: Any) -> Any:
-    from prefect.automations import Automation
-
     try:
         existing: Any = Automation.read(name=automation.name)  # sync here (no running event loop)
     except ValueError:
@@ -40,8 +47,6 @@ def _upsert(automation: Any) -> Any:
 
 
 def _notify_block(url: str) -> Any:
-    from prefect.blocks.notifications import CustomWebhookNotificationBlock
-
     block = CustomWebhookNotificationBlock(name=BLOCK, url=url, method="POST",
                                            json_data={"subject": "{{subject}}", "body": "{{body}}"},
                                            headers=None, cookies=None)
@@ -50,8 +55,6 @@ def _notify_block(url: str) -> Any:
 
 def heartbeat_seconds() -> int:
     """The flow engine's heartbeat period (``PREFECT_FLOWS_HEARTBEAT_FREQUENCY``, Prefect's default 180 s)."""
-    from prefect.settings import get_current_settings
-
     value = get_current_settings().flows.heartbeat_frequency
     return int(value) if value else 180
 
@@ -62,9 +65,6 @@ def ensure_automations(url: str | None = None) -> list[str]:
     Args:
         url: Where notifications go; default ``RETRAIN_NOTIFY_URL``; none: only the zombie automation.
     """
-    from prefect.automations import Automation, ChangeFlowRunState, EventTrigger, Posture, SendNotification
-    from prefect.client.schemas.objects import StateType
-
     url = url or os.environ.get(NOTIFY_ENV) or None
     flow: dict[str, str | list[str]] = {"prefect.resource.role": "flow", "prefect.resource.name": FLOW}
     made = [_upsert(Automation(
@@ -94,21 +94,20 @@ def ensure_automations(url: str | None = None) -> list[str]:
                 block_document_id=block,
                 subject="{{ event.payload.model }}@champion is version {{ event.payload.version }}",
                 body="version {{ event.payload.version }} replaced {{ event.payload.previous or 'none' }} on data "
-                     "{{ event.payload.data_version }}: mAP50-95 {{ event.payload.candidate_map }} "
+                     "{{ event.payload.data_dvc_md5 }}: mAP50-95 {{ event.payload.candidate_map }} "
                      "(delta {{ event.payload.delta }})")])))
     return [a.name for a in made]
 
 
-def champion_moved(promotion: dict[str, Any], scores: dict[str, float | None]) -> None:
+def champion_moved(promotion: PromotionReport, evaluation: EvalReport | None) -> None:
     """Emit ``retrain.champion.moved`` for a promotion that moved the alias (from inside the flow run)."""
-    from prefect.events import emit_event
-
-    model = str(promotion.get("model"))
-    cand, champ = scores.get("candidate_map"), scores.get("champion_map")
-    emit_event(CHAMPION_MOVED, resource={"prefect.resource.id": f"retrain.model.{model}",
-                                         "prefect.resource.name": model},
-               payload={"model": model, "version": str(promotion.get("version")),
-                        "previous": promotion.get("parent_version"),
-                        "data_version": (promotion.get("tags") or {}).get("retrain.data_dvc_md5"),
+    cand = evaluation.candidate.metrics.map if evaluation else None
+    champ = evaluation.champion.metrics.map if evaluation and evaluation.champion else None
+    emit_event(CHAMPION_MOVED, resource={"prefect.resource.id": f"retrain.model.{promotion.model}",
+                                         "prefect.resource.name": promotion.model},
+               payload={"model": promotion.model, "version": promotion.version,
+                        "previous": promotion.parent_version,
+                        "data_version": promotion.tags.get("retrain.data_version"),  # annotations' sha256
+                        "data_dvc_md5": promotion.tags.get("retrain.data_dvc_md5"),
                         "candidate_map": None if cand is None else round(cand, 4),
                         "delta": None if cand is None or champ is None else round(cand - champ, 4)})

@@ -15,6 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from prefect import serve
+from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+from prefect.deployments.runner import EntrypointType
+from prefect.schedules import Cron, Interval
+
+from flows.retrain import retrain
 from retrain.config import Params
 
 WEEKLY = "weekly"
@@ -23,12 +29,6 @@ ON_NEW_BATCH = "on-new-batch"
 
 def deployments(root: Path, params: Params) -> list[Any]:
     """The two deployments of the workspace at ``root`` (``RunnerDeployment`` objects)."""
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-    from prefect.deployments.runner import EntrypointType
-    from prefect.schedules import Cron, Interval
-
-    from flows.retrain import retrain
-
     p = params.retrain
     one = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
     common: dict[str, Any] = {"entrypoint_type": EntrypointType.MODULE_PATH, "concurrency_limit": one,
@@ -45,6 +45,4 @@ def deployments(root: Path, params: Params) -> list[Any]:
 
 def serve_workspace(root: Path, params: Params) -> None:
     """Register both deployments with the Prefect API and run their flow runs here until interrupted."""
-    from prefect import serve
-
     serve(*deployments(root, params))

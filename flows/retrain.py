@@ -10,19 +10,25 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from uuid import UUID
 
-from prefect import flow, get_run_logger, runtime
+from prefect import flow, get_client, get_run_logger, runtime
+from prefect.client.schemas import filters as f
+from prefect.states import Crashed
 from prefect.tasks import exponential_backoff
 
 from flows.api import whereabouts
 from flows.automations import champion_moved
+from flows.summary import RunSummary
+from retrain import codeversions
 from retrain.config import Params, load_params
 from retrain.errors import RetrainError
-from retrain.nodata import HOW, no_batch_yet
+from retrain.evaluation.report import EvalReport
+from retrain.nodata import no_batch_yet
 from retrain.paths import Paths
 from retrain.runlock import describe, repair_dvc_locks, run_lock
-from retrain.workspace import master_version, require_workspace
-from tasks.artifacts import eval_scores, publish_evaluation, publish_summary, publish_validation
+from retrain.workspace import master_dvc_md5, require_workspace
+from tasks.artifacts import publish_evaluation, publish_summary, publish_validation
 from tasks.ingest import ingest_batch, waiting
 from tasks.stages import StageFailed, run_stage, stage_order
 from tasks.versioning import dvc_push, git_commit
@@ -55,11 +61,6 @@ def _mark_crashed(previous: dict[str, Any]) -> None:
     run_id = previous.get("flow_run_id")
     if not run_id or run_id == str(runtime.flow_run.id):
         return
-    from uuid import UUID
-
-    from prefect import get_client
-    from prefect.states import Crashed
-
     try:
         with get_client(sync_client=True) as client:
             run = client.read_flow_run(UUID(run_id))
@@ -77,9 +78,6 @@ def _duplicate_of() -> str | None:
     A redeploy can schedule a slot again that a run already has; the earlier run, unless it failed or was cancelled,
     does the slot's work, and this one does nothing.
     """
-    from prefect import get_client
-    from prefect.client.schemas import filters as f
-
     run_id = runtime.flow_run.id
     if not runtime.deployment.id or not run_id:
         return None
@@ -106,24 +104,6 @@ def _stage_options(params: Params) -> dict[str, Any]:
     return {"retries": p.retries, "retry_delay_seconds": delay}
 
 
-def nothing_line(summary: dict[str, Any]) -> str:
-    """The one line of a run that had nothing to do."""
-    if summary.get("no_batch_yet"):
-        return f"nothing to retrain: no batch yet; {HOW}"
-    return "nothing to retrain: no new batch, and DVC says every stage is up to date"
-
-
-def _message(summary: dict[str, Any]) -> str:
-    data = (summary.get("data_version") or "?")[:12]
-    if summary.get("version"):
-        decision = (f"{summary['model']} v{summary['version']} "
-                    + ("promoted to champion" if summary["promoted"] else "not promoted"))
-    else:
-        decision = "no new model"
-    batches = f" (batches: {', '.join(summary['ingested'])})" if summary["ingested"] else ""
-    return f"retrain: data {data}, {decision}{batches}"
-
-
 @flow(name="retrain", log_prints=False)
 def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: bool = False) -> dict[str, Any]:
     """Ingest the waiting batches, run the DVC stages, version the result.
@@ -134,8 +114,7 @@ def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: b
         only_if_new: End at once when no batch is waiting (the ``on-new-batch`` deployment's poll).
 
     Returns:
-        What the run did: ``ingested``, ``stages`` (name -> ran), ``seconds``, ``data_version``, ``version``,
-        ``promoted``, ``reasons``, ``candidate``/``champion`` mAP50-95, ``commit``, ``nothing_to_retrain``.
+        What the run did: a ``RunSummary`` as a plain dict (``flows/summary.py``).
     """
     quiet_expected_failures()
     logger = get_run_logger()
@@ -143,76 +122,84 @@ def retrain(project: str = ".", batches: list[str] | None = None, only_if_new: b
     logger.info("workspace %s, on %s", paths.root, whereabouts())
     require_workspace(paths)
     params = load_params(paths.params)
-    summary: dict[str, Any] = {"ingested": [], "stages": {}, "seconds": {}, "nothing_to_retrain": False,
-                               "model": params.registry.model_name, "version": None, "promoted": False,
-                               "reasons": [], "commit": None, "batches": batches}
+    summary = RunSummary(model=params.registry.model_name, batches=batches)
     duplicate = _duplicate_of()
     if duplicate:
-        logger.info("a duplicate run for the slot that %s has: nothing to do", duplicate)
-        summary.update(nothing_to_retrain=True, duplicate_of=duplicate)
-        summary.pop("batches")
-        return summary
+        summary = summary.model_copy(update={"nothing_to_retrain": True, "duplicate_of": duplicate, "batches": None})
+        logger.info(summary.headline())
+        return summary.model_dump()
     if only_if_new and not waiting(paths, batches):
         logger.info("no batch waiting in %s: nothing to do", paths.incoming)
-        summary["nothing_to_retrain"] = True
-        summary.pop("batches")
-        return summary
+        return summary.model_copy(update={"nothing_to_retrain": True, "batches": None}).model_dump()
 
     def on_wait(holder: dict[str, Any]) -> None:
         logger.warning("another retrain run holds %s (%s); waiting up to %g s", paths.root, describe(holder),
                        params.retrain.lock_timeout)
 
     with run_lock(paths, {"flow_run_id": str(runtime.flow_run.id)}, params.retrain.lock_timeout, on_wait) as previous:
-        summary["held"] = [time.time(), None]  # when this run owned the workspace (wall clock, for the overlap test)
+        summary.held = [time.time(), None]  # when this run owned the workspace (wall clock, for the overlap test)
         try:
             _mark_crashed(previous)
             for line in repair_dvc_locks(paths.root):
                 logger.warning(line)
             _loop(paths, load_params(paths.params), summary)  # params as they are now that this run owns it
         finally:
-            summary["held"][1] = time.time()
-    logger.info(nothing_line(summary) if summary["nothing_to_retrain"] else _message(summary))
-    return summary
+            summary.held[1] = time.time()
+    logger.info(summary.headline())
+    return summary.model_dump()
 
 
-def _loop(paths: Paths, params: Params, summary: dict[str, Any]) -> None:
+def _loop(paths: Paths, params: Params, summary: RunSummary) -> None:
     """Ingest, the stages in DVC's order, then versioning; fills ``summary``."""
-    for source in waiting(paths, summary.pop("batches")):  # looked at again: a run we waited for may have taken them
+    asked, summary.batches = summary.batches, None
+    for source in waiting(paths, asked):  # looked at again: a run we waited for may have taken them
         r = ingest_batch(str(paths.root), str(source), source.name)
-        summary["seconds"][f"ingest-{r['name']}"] = r["seconds"]
+        summary.seconds[f"ingest-{r['name']}"] = r["seconds"]
         if r["added"]:
-            summary["ingested"].append(r["name"])
+            summary.ingested.append(r["name"])
     if no_batch_yet(paths):  # a schedule that starts before the first delivery: nothing to do, nothing changed
-        summary.update(nothing_to_retrain=True, no_batch_yet=True)
+        summary.nothing_to_retrain = summary.no_batch_yet = True
         return
+    changed = codeversions.record(paths)  # before DVC plans: new installed code makes its stages stale
+    if changed:
+        get_run_logger().info("the installed code of %s changed since the last run (%s)", ", ".join(changed),
+                              codeversions.FILE)
     for stage in stage_order(paths.root):
-        epochs = params.train.epochs if stage == "train" else None
-        try:
-            run = run_stage.with_options(**_stage_options(params))(str(paths.root), stage, epochs)
-        except StageFailed:
-            if stage == "validate":
-                publish_validation(paths, failed=True)
-            raise
-        summary["stages"][stage] = run.ran
-        summary["seconds"][stage] = run.seconds
-        if run.ran and stage == "validate":
-            publish_validation(paths, failed=False)
-        if run.ran and stage == "promote":
-            promotion = publish_evaluation(paths, params.retrain.mlflow_ui)
-            summary.update(version=promotion.get("version"), promoted=bool(promotion.get("promoted")),
-                           reasons=list(promotion.get("reasons") or []))
-            if summary["promoted"]:  # the automation 'retrain: champion moved' notifies a team's server
-                champion_moved(promotion, eval_scores(paths))
-    summary["data_version"] = master_version(paths)
-    if summary["stages"].get("evaluate"):
-        summary.update(eval_scores(paths))
-    summary["nothing_to_retrain"] = not summary["ingested"] and not any(summary["stages"].values())
-    if params.retrain.commit and not summary["nothing_to_retrain"]:
-        summary["commit"] = git_commit(str(paths.root), _message(summary))
+        _stage(paths, params, stage, summary)
+    summary.data_dvc_md5 = master_dvc_md5(paths)
+    evaluation = EvalReport.find(paths.eval_report) if summary.stages.get("evaluate") else None
+    if evaluation is not None:
+        summary.candidate_map = evaluation.candidate.metrics.map
+        summary.champion_map = evaluation.champion.metrics.map if evaluation.champion else None
+    summary.nothing_to_retrain = not summary.ingested and not any(summary.stages.values())
+    if params.retrain.commit and not summary.nothing_to_retrain:
+        summary.commit = git_commit(str(paths.root), summary.headline())
     if params.retrain.push:  # every run: it also sends what an earlier run failed to push (nothing else: ~1 s)
         dvc_push.with_options(**_stage_options(params))(str(paths.root))
-    if not summary["nothing_to_retrain"]:
-        publish_summary(summary)
+    if not summary.nothing_to_retrain:
+        publish_summary(summary.markdown())
+
+
+def _stage(paths: Paths, params: Params, stage: str, summary: RunSummary) -> None:
+    """One stage through DVC, and what the UI shows of it."""
+    epochs = params.train.epochs if stage == "train" else None
+    try:
+        run = run_stage.with_options(**_stage_options(params))(str(paths.root), stage, epochs)
+    except StageFailed:
+        if stage == "validate":
+            publish_validation(paths, failed=True)
+        raise
+    summary.stages[stage] = run.ran
+    summary.seconds[stage] = run.seconds
+    if run.ran and stage == "validate":
+        publish_validation(paths, failed=False)
+    if run.ran and stage == "promote":
+        promotion = publish_evaluation(paths, params.retrain.mlflow_ui)
+        if promotion is not None:
+            summary.version, summary.promoted = promotion.version, promotion.promoted
+            summary.reasons = list(promotion.reasons)
+            if promotion.promoted:  # the automation 'retrain: champion moved' notifies a team's server
+                champion_moved(promotion, EvalReport.find(paths.eval_report))
 
 
 def outcome(state: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ They are read from the stages' own reports; nothing here computes a result.
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,14 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from tqdm import tqdm
 
+from retrain.evaluation.report import EvalReport
 from retrain.paths import Paths
-
-
-def _json(path: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
+from retrain.promotion.report import PromotionReport
+from retrain.registry.history import ui_links
+from retrain.registry.tracking import tracking_uri
+from retrain.validation.report import ValidationRecord
 
 
 class TrainingProgress:
@@ -58,8 +55,6 @@ class TrainingProgress:
             return
         if sys.stderr.isatty():  # the stage's own bar cannot draw through the log pipe: this one does
             if self.bar is None:
-                from tqdm import tqdm
-
                 self.bar = tqdm(total=self.epochs, desc="training", unit="epoch", file=sys.stderr, leave=True)
             self.bar.update(round(percent * self.epochs / 100) - self.bar.n)
         if self.artifact is None:
@@ -92,16 +87,15 @@ class TrainingProgress:
 
 def publish_validation(paths: Paths, failed: bool) -> None:
     """The validation summary: counts and every check that did not pass, with where the Data Docs are."""
-    report = _json(paths.validation_report)
+    report = ValidationRecord.find(paths.validation_report)
     if report is None:
         return
-    c = report.get("counts", {})
-    lines = [f"# Validation of data/master: {'FAILED' if failed or not report.get('passed') else 'passed'}", "",
-             f"{c.get('checks', 0)} checks: {c.get('passed', 0)} passed, {c.get('warnings', 0)} warnings, "
-             f"{c.get('failures', 0)} failures.", "",
+    c = report.counts
+    lines = [f"# Validation of data/master: {'FAILED' if failed or not report.passed else 'passed'}", "",
+             f"{c.checks} checks: {c.passed} passed, {c.warnings} warnings, {c.failures} failures.", "",
              f"Report: `{paths.validation_report}`; great-expectations Data Docs: "
              f"`{paths.validation_docs / 'index.html'}`", ""]
-    bad = [ch for ch in report.get("checks", []) if ch.get("status") != "pass"]
+    bad = [ch for ch in report.checks if ch.get("status") != "pass"]
     if bad:
         lines += ["| status | table | rule | unexpected | what |", "|---|---|---|---:|---|"]
         lines += [f"| {ch.get('status')} | {ch.get('table')} | {ch.get('rule')} | {ch.get('unexpected')} | "
@@ -109,34 +103,32 @@ def publish_validation(paths: Paths, failed: bool) -> None:
     create_markdown_artifact("\n".join(lines), key="retrain-validation", description="validation of the master")
 
 
-def publish_evaluation(paths: Paths, ui_base: str) -> dict[str, Any]:
+def publish_evaluation(paths: Paths, ui_base: str) -> PromotionReport | None:
     """The evaluation with the decision (markdown), per-class AP (table) and links to MLflow.
 
     Returns:
-        The promotion record (``{}`` when there is none).
+        The promotion record (``None`` when there is none).
     """
-    promotion = _json(paths.promotion_report) or {}
-    report = _json(paths.eval_report) or {}
+    promotion = PromotionReport.find(paths.promotion_report)
+    report = EvalReport.find(paths.eval_report)
     text = paths.eval_markdown.read_text(encoding="utf-8") if paths.eval_markdown.exists() else ""
-    if promotion:
-        verdict = "promoted: it is the champion" if promotion.get("promoted") else "not promoted"
-        text += (f"\n\n## Decision\n\n{promotion.get('model')} version {promotion.get('version')}: {verdict}.\n\n"
-                 + "".join(f"- {r}\n" for r in promotion.get("reasons") or ["every rule of the gate holds"]))
+    if promotion is not None:
+        verdict = "promoted: it is the champion" if promotion.promoted else "not promoted"
+        text += (f"\n\n## Decision\n\n{promotion.model} version {promotion.version}: {verdict}.\n\n"
+                 + "".join(f"- {r}\n" for r in promotion.reasons or ["every rule of the gate holds"]))
     if text:
         create_markdown_artifact(text, key="retrain-evaluation", description="champion vs candidate, and decision")
-    cand = (report.get("candidate") or {}).get("metrics", {}).get("per_class", {})
-    champ = ((report.get("champion") or {}).get("metrics") or {}).get("per_class", {})
-    rows = [{"class": k, "val_boxes": (report.get("instances") or {}).get(k, 0),
-             "champion": round(champ[k], 4) if k in champ else None, "candidate": round(v, 4),
-             "delta": round(v - champ[k], 4) if k in champ else None} for k, v in cand.items()]
-    if rows:
-        create_table_artifact(rows, key="retrain-per-class-ap", description="AP50-95 per class on the val images")
-    if promotion.get("version"):
-        from retrain.registry.history import ui_links
-        from retrain.registry.tracking import tracking_uri
-
-        links = ui_links(tracking_uri(paths.root), str(promotion["model"]), str(promotion["version"]), ui_base)
-        create_link_artifact(links["version"], link_text=f"{promotion['model']} version {promotion['version']}",
+    if report is not None:
+        champ = report.champion.metrics.per_class if report.champion else {}
+        rows = [{"class": k, "val_boxes": report.instances.get(k, 0),
+                 "champion": round(champ[k], 4) if k in champ else None, "candidate": round(v, 4),
+                 "delta": round(v - champ[k], 4) if k in champ else None}
+                for k, v in report.candidate.metrics.per_class.items()]
+        if rows:
+            create_table_artifact(rows, key="retrain-per-class-ap", description="AP50-95 per class on the val images")
+    if promotion is not None:
+        links = ui_links(tracking_uri(paths.root), promotion.model, promotion.version, ui_base)
+        create_link_artifact(links["version"], link_text=f"{promotion.model} version {promotion.version}",
                              key="retrain-model-version", description="the registered candidate in MLflow")
         if "run" in links:
             create_link_artifact(links["run"], link_text="MLflow run", key="retrain-mlflow-run",
@@ -144,24 +136,6 @@ def publish_evaluation(paths: Paths, ui_base: str) -> dict[str, Any]:
     return promotion
 
 
-def eval_scores(paths: Paths) -> dict[str, float | None]:
-    """``candidate_map`` and ``champion_map`` (mAP50-95 on the same val images; None without a champion)."""
-    report = _json(paths.eval_report) or {}
-    cand = (report.get("candidate") or {}).get("metrics", {}).get("mAP50-95")
-    champ = ((report.get("champion") or {}).get("metrics") or {}).get("mAP50-95")
-    return {"candidate_map": cand, "champion_map": champ}
-
-
-def publish_summary(summary: dict[str, Any]) -> None:
-    """One markdown artifact for the run: batches, stages, data version, model version, decision."""
-    stages = summary.get("stages", {})
-    lines = ["# retrain run", "", f"- batches ingested: {', '.join(summary.get('ingested', [])) or 'none'}",
-             f"- stages run: {', '.join(s for s, ran in stages.items() if ran) or 'none (all up to date)'}",
-             f"- data version (DVC md5 of data/master): `{summary.get('data_version') or '-'}`"]
-    if summary.get("version"):
-        lines.append(f"- model version {summary['version']}: "
-                     + ("promoted to champion" if summary.get("promoted") else "challenger, not promoted"))
-        lines += [f"  - {r}" for r in summary.get("reasons", [])]
-    if summary.get("commit"):
-        lines.append(f"- git commit `{summary['commit']}`")
-    create_markdown_artifact("\n".join(lines), key="retrain-run", description="what this run did")
+def publish_summary(markdown: str) -> None:
+    """The run's own artifact (``RunSummary.markdown()``): batches, stages, data, model version, decision."""
+    create_markdown_artifact(markdown, key="retrain-run", description="what this run did")

@@ -12,8 +12,8 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from retrain.config import load_params
-from retrain.data.ingest import ingest
 from retrain.errors import RetrainError, disk_full
+from retrain.ingest import ingest
 from retrain.paths import Paths
 
 #: Where an ingested delivery is moved from ``data/incoming/`` (git-ignored; safe to delete: the batch is in DVC).
@@ -64,7 +64,7 @@ def ingest_batch(root: str, source: str, name: str) -> dict[str, Any]:
     params = load_params(paths.params)
     t0 = time.perf_counter()
     try:
-        result = ingest(paths, Path(source), params.ingest, params.validation, name)
+        result = ingest(paths, Path(source), params, name)
     except RetrainError as e:
         for line in e.lines():
             logger.error(line)

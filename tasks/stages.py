@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dvc.repo import Repo
+from dvc.repo.reproduce import plan_repro
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from retrain.errors import RetrainError, TransientError
 from retrain.lifeline import ENV as LIFELINE_ENV
 from retrain.lifeline import PARENT_ENV as LIFELINE_PARENT
+from tasks.artifacts import TrainingProgress
 
 #: DVC's own error line when the stage exited 75 (``TransientError``: registry or remote unreachable) or when
 #: another DVC process held the repository's lock: worth a retry.  Anything else (bad data, a bug) is not.
@@ -74,9 +77,6 @@ def dvc_env() -> dict[str, str]:
 
 def stage_order(root: Path) -> list[str]:
     """The stages of ``root/dvc.yaml`` in the order ``dvc repro`` runs them (DVC's own planner, not a copy)."""
-    from dvc.repo import Repo
-    from dvc.repo.reproduce import plan_repro
-
     with warnings.catch_warnings(), Repo(str(root)) as repo:
         warnings.simplefilter("ignore", DeprecationWarning)  # DVC's own use of a deprecated funcy API
         stages = repo.stage.collect(str(root / "dvc.yaml"))
@@ -147,8 +147,6 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
 
     progress = None
     if progress_epochs:
-        from tasks.artifacts import TrainingProgress
-
         progress = TrainingProgress(Path(root), progress_epochs)
     t0 = time.perf_counter()
     rc = stream([sys.executable, "-m", "retrain.lifeline", "dvc", "repro", "--single-item", stage], Path(root), line,

@@ -24,6 +24,14 @@ def sample_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three generated COCO batches of 16 images (seed 0), for the flow and fault tests. Read-only by convention."""
+    root = tmp_path_factory.mktemp("samples16")
+    generate(root, batches=3, images_per_batch=16, seed=0)
+    return root
+
+
 @pytest.fixture
 def workspace(tmp_path: Path) -> Paths:
     """A fresh workspace (git + DVC) whose DVC remote is a temp folder."""

@@ -16,6 +16,31 @@ from xml.etree import ElementTree as ET
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: Keys of params.yaml's ``runtime`` section (speed, not results) that tests give together with ``train``'s.
+RUNTIME_KEYS = frozenset({"workers", "threads", "cache", "hugepages"})
+
+
+def set_params(root: Path, section: str, **values: Any) -> None:
+    """Edit one section of a workspace's ``params.yaml`` (keys merged into it; ``train.augment`` merged too)."""
+    import yaml
+
+    path = root / "params.yaml"
+    doc = yaml.safe_load(path.read_text())
+    old = doc.get(section) or {}
+    if "augment" in values and isinstance(old.get("augment"), dict):
+        values["augment"] = {**old["augment"], **values["augment"]}
+    doc[section] = {**old, **values}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def set_train_params(root: Path, **train: Any) -> None:
+    """Edit ``train``, and ``runtime`` for the keys of ``RUNTIME_KEYS`` given with them (one dict per tiny setup)."""
+    runtime = {k: train.pop(k) for k in list(train) if k in RUNTIME_KEYS}
+    if train:
+        set_params(root, "train", **train)
+    if runtime:
+        set_params(root, "runtime", **runtime)
+
 
 def shared_data() -> Path | None:
     """``../shared/data`` beside the checkout (or ``RETRAIN_SHARED_DATA``), if present."""
@@ -150,6 +175,21 @@ def flow_run_contents(flow_run_id: Any) -> tuple[list[str], dict[str, Any]]:
         artifacts = client.read_artifacts(flow_run_filter=only)
     names = [r.name for r in sorted(runs, key=lambda r: (r.start_time or r.expected_start_time))]
     return names, {a.key: a for a in artifacts if a.key}
+
+
+def flow_run_logs(flow_run_id: Any) -> list[str]:
+    """Every log message of a flow run and its task runs, as the Prefect UI lists them (read with the client)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    messages: list[str] = []
+    with get_client(sync_client=True) as client:
+        while True:  # the API returns at most 200 a page
+            page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                    limit=200, offset=len(messages))
+            messages += [log.message for log in page]
+            if len(page) < 200:
+                return messages
 
 
 def registry_state(root: Path, name: str = "retrain-detector") -> dict[str, Any]:

@@ -1,20 +1,33 @@
-"""The ``retrain`` command: one sub-command per stage; it parses arguments and calls the stage."""
+"""The ``retrain`` command: one sub-command per stage; it parses arguments, calls the layer below, prints its lines.
+
+Two kinds of import wait until a command runs (the only imports inside functions here): the registry's (MLflow,
+seconds to import, which ``retrain --help`` or ``retrain train`` do not need) and Prefect's (the flow, deployments,
+automations), which must come after ``flows.api.defaults()`` has set retrain's Prefect defaults, since Prefect
+reads its settings when it is imported.  The stages' own heavy libraries (torch, ultralytics, great-expectations)
+are imported by ``runner`` when a stage runs; ``retrain train`` re-executes itself for huge pages before that.
+"""
 
 from __future__ import annotations
 
-import logging
-import os
-import sys
+import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from retrain.errors import RetrainError, TransientError, ValidationFailed, disk_full, transient_reason
-
-if TYPE_CHECKING:
-    from retrain.config import Params
-    from retrain.paths import Paths
+from flows.api import connect, defaults
+from retrain import runner
+from retrain.config import Params, load_params
+from retrain.console import run as run_console
+from retrain.console import setup_logging
+from retrain.data.sample import generate
+from retrain.errors import RetrainError
+from retrain.paths import Paths
+from retrain.training.hugepages import reexec
+from retrain.workspace import DEFAULT_REMOTE, init_workspace, require_workspace
+from retrain.workspace import check_remote as run_check
+from retrain.workspace import upgrade as run_upgrade
 
 app = typer.Typer(
     name="retrain",
@@ -23,65 +36,32 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-log = logging.getLogger("retrain")
 
 ProjectOpt = Annotated[Path, typer.Option("--project", "-C", help="Workspace root (default: current folder).")]
 
 
-class _RunFormatter(logging.Formatter):
-    """Prefect's run loggers say which task or flow run a line is from; so does the terminal."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        run = getattr(record, "task_run_name", None) or getattr(record, "flow_run_name", None)
-        if run and record.name.startswith("prefect."):
-            line = f"{record.levelname} {run}: {record.getMessage()}"
-            return line + "\n" + self.formatException(record.exc_info) if record.exc_info else line
-        return super().format(record)
-
-
 @app.callback()
 def _setup(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_RunFormatter("%(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
-    for noisy in ("great_expectations", "matplotlib", "PIL", "httpx", "httpcore"):  # INFO lines not for our users
-        logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    setup_logging(verbose)
 
 
-def _out(line: str) -> None:
-    typer.echo(line)
+def _out(lines: str | Iterable[str]) -> None:
+    for line in [lines] if isinstance(lines, str) else lines:
+        typer.echo(line)
 
 
 def _workspace(project: Path) -> tuple[Paths, Params]:
     """The workspace at ``project`` and its validated params (a clear error when it is not one)."""
-    from retrain.config import load_params
-    from retrain.paths import Paths
-    from retrain.workspace import require_workspace
-
     paths = Paths.at(project)
     require_workspace(paths)
     return paths, load_params(paths.params)
-
-
-def _nothing_yet(paths: Paths, stage: str) -> bool:
-    """No batch yet: record ``stage``'s outputs as "no data" so that ``dvc repro`` ends cleanly (``nodata.py``)."""
-    from retrain import nodata
-
-    if not nodata.no_batch_yet(paths):
-        return False
-    nodata.record(paths, stage)
-    log.debug("%s: %s; its outputs record that", stage, nodata.REASON)
-    return True
 
 
 @app.command()
 def init(directory: Annotated[Path, typer.Argument(help="New workspace folder.")],
          remote: Annotated[str, typer.Option(help="Default DVC remote (path or URL).")] = "") -> None:
     """Make a new workspace: pipeline files, data/incoming, git + DVC, a local DVC remote."""
-    from retrain.workspace import DEFAULT_REMOTE, init_workspace
-
-    paths = init_workspace(directory, remote or DEFAULT_REMOTE)
-    _out(f"workspace ready: {paths.root}")
+    _out(f"workspace ready: {init_workspace(directory, remote or DEFAULT_REMOTE).root}")
 
 
 @app.command("sample-data")
@@ -92,10 +72,8 @@ def sample_data(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """Generate procedural sample batches (COCO JSON + JPEG); later batches shift and add a class."""
-    from retrain.data.sample import generate
-
-    for b in generate(out, batches, images_per_batch, seed):
-        _out(f"{b.path}: {b.images} images, {b.boxes} boxes, classes {', '.join(b.classes)}")
+    _out([f"{b.path}: {b.images} images, {b.boxes} boxes, classes {', '.join(b.classes)}"
+          for b in generate(out, batches, images_per_batch, seed)])
 
 
 @app.command()
@@ -106,117 +84,61 @@ def ingest(
     project: ProjectOpt = Path("."),
 ) -> None:
     """Check a batch and add it to data/batches as an immutable, DVC-tracked batch."""
-    from retrain.data.ingest import ingest as run_ingest
-
     paths, params = _workspace(project)
-    result = run_ingest(paths, path, params.ingest, params.validation, name, fmt)
-    for note in result.notes:
-        _out(f"note: batch {result.name}: {note}")
-    if result.added:
-        _out(f"batch {result.name} added: {result.images} images, {result.boxes} boxes")
-    else:
-        _out(f"batch {result.name} already ingested with the same content; nothing changed")
+    _out(runner.run_ingest(paths, params, path, name, fmt))
 
 
 @app.command()
 def merge(project: ProjectOpt = Path(".")) -> None:
     """Merge every ingested batch into data/master (a DVC stage)."""
-    from retrain.data.merge import merge as run_merge
-    from retrain.nodata import NOTHING_YET, no_batch_yet
-
-    paths, params = _workspace(project)
-    t = run_merge(paths, params.merge).report["totals"]
-    if no_batch_yet(paths):
-        _out(NOTHING_YET)
-        return
-    _out(f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
-         f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)")
+    _out(runner.run_merge(*_workspace(project)))
 
 
 @app.command()
 def validate(project: ProjectOpt = Path(".")) -> None:
     """Validate data/master (great-expectations + image checks); exit 1 on any failed check (a DVC stage)."""
-    paths, params = _workspace(project)
-    if _nothing_yet(paths, "validate"):
-        return
-    from retrain.validation.validate import validate_master
-
-    report = validate_master(paths, params.validation)
-    for check in report.warned:
-        for p in check.problems():
-            _out(f"warning: {p.file}: [{p.rule}] {p.message}")
-    lines = [f"{p.file}: [{p.rule}] {p.message}" for c in report.failed for p in c.problems()]
-    summary = (f"validation: {len(report.checks)} checks, {len(report.warned)} warnings, {len(report.failed)} "
-               f"failures; report {paths.validation_report}, Data Docs {paths.validation_docs / 'index.html'}")
-    if lines:
-        raise ValidationFailed([*lines, summary])
-    _out(summary)
+    _out(runner.run_validate(*_workspace(project)))
 
 
 @app.command()
 def train(project: ProjectOpt = Path(".")) -> None:
     """Train a candidate on the whole master, warm-started from the champion; resumes after a crash (a DVC stage)."""
-    from retrain.training.hugepages import reexec
-
     paths, params = _workspace(project)
-    if _nothing_yet(paths, "train"):
-        return
-    reexec(params.train.hugepages)  # before torch is imported: glibc reads its tunables when a process starts
-    from retrain.training.train import train as run_train
-
-    result = run_train(paths, params)
-    if result is None:  # another rank of a multi-process run
-        return
-    r = result.report
-    _out(f"candidate {result.candidate}: mAP50-95 {r['ema']['mAP50-95']:.4f} (EMA; raw {r['raw']['mAP50-95']:.4f}), "
-         f"mAP50 {r['ema']['mAP50']:.4f}, best epoch {r['best_epoch']} of {r['epochs']}; report {paths.train_report}")
+    reexec(params.runtime.hugepages)  # before torch is imported: glibc reads its tunables when a process starts
+    _out(runner.run_train(paths, params))
 
 
 @app.command()
 def evaluate(project: ProjectOpt = Path(".")) -> None:
     """Evaluate the champion and the candidate on the master's val images (a DVC stage)."""
-    paths, params = _workspace(project)
-    if _nothing_yet(paths, "evaluate"):
-        return
-    from retrain.evaluation.evaluate import evaluate_models
-
-    r = evaluate_models(paths, params).report
-    cand = r["candidate"]["metrics"]
-    line = f"candidate: mAP50-95 {cand['mAP50-95']:.4f}, mAP50 {cand['mAP50']:.4f} on {r['images']} val images"
-    if r["champion"]:
-        d = r["delta"]
-        line += (f"; champion (version {r['champion']['version']}): {r['champion']['metrics']['mAP50-95']:.4f}; "
-                 f"delta {d['mAP50-95']:+.4f}, {d['confidence']:.0%} interval [{d['ci'][0]:+.4f}, {d['ci'][1]:+.4f}]")
-    else:
-        line += "; no champion yet"
-    _out(f"{line}; report {paths.eval_markdown}")
+    _out(runner.run_evaluate(*_workspace(project)))
 
 
 @app.command()
 def promote(project: ProjectOpt = Path(".")) -> None:
     """Register the candidate in MLflow (alias challenger); champion moves to it only if the gate passes (DVC stage)."""
-    paths, params = _workspace(project)
-    if _nothing_yet(paths, "promote"):
-        return
-    from retrain.registry.promote import promote as run_promote
+    _out(runner.run_promote(*_workspace(project)))
 
-    result = run_promote(paths, params)
-    name = params.registry.model_name
-    if result.decision.promote:
-        _out(f"{name} version {result.version} registered and promoted: it is {name}@champion")
-    else:
-        _out(f"{name} version {result.version} registered as {name}@challenger, not promoted:")
-        for reason in result.decision.reasons:
-            _out(f"  - {reason}")
-    for note in result.decision.notes:
-        _out(f"note: {note}")
+
+@app.command()
+def upgrade(project: ProjectOpt = Path(".")) -> None:
+    """Bring a workspace made by an earlier retrain to this version's params.yaml and dvc.yaml (review, commit)."""
+    paths = Paths.at(project)
+    require_workspace(paths)  # its params may not load yet: that is what this fixes
+    _out(run_upgrade(paths))
+
+
+@app.command("code-versions")
+def code_versions(project: ProjectOpt = Path(".")) -> None:
+    """Record the installed code each stage runs (code-versions.yaml), so that dvc repro reruns what an upgrade
+    changed (retrain run and retrain ingest do this themselves)."""
+    paths, _ = _workspace(project)
+    _out(runner.run_code_versions(paths))
 
 
 @app.command("check-remote")
 def check_remote(project: ProjectOpt = Path(".")) -> None:
     """Restore the committed version from the DVC remote into an empty cache, as a new machine would (verified)."""
-    from retrain.workspace import check_remote as run_check
-
     paths, _ = _workspace(project)
     _out(run_check(paths))
 
@@ -245,13 +167,13 @@ def registry_copy(
 ) -> None:
     """Copy the champion (model file, lineage tags) into another registry and make it the champion there."""
     from retrain.registry.copy import copy_champion
-    from retrain.registry.promote import redact
     from retrain.registry.tracking import tracking_uri
+    from retrain.registry.versions import redact
 
     paths, params = _workspace(project)
     to = target or tracking_uri(paths.root)
     name = params.registry.model_name
-    c = copy_champion(source, to, name, params.registry.experiment, paths.root, params.retrain.registry_wait)
+    c = copy_champion(source, to, name, params.registry.experiment, paths.root, params.runtime.registry_wait)
     how = "registered" if c.new else "already there"
     _out(f"{name}@champion in {redact(to)}: version {c.version} ({how}; version {c.source_version} of "
          f"{redact(source)})")
@@ -265,27 +187,7 @@ def status(project: ProjectOpt = Path(".")) -> None:
     from retrain.registry.tracking import tracking_uri
 
     paths, params = _workspace(project)
-    for line in status_lines(run_status(tracking_uri(paths.root), params.registry.model_name),
-                             params.registry.model_name):
-        _out(line)
-
-
-def summary_lines(s: dict[str, Any]) -> list[str]:
-    """What a flow run did, for the terminal."""
-    if s["nothing_to_retrain"]:
-        from flows.retrain import nothing_line
-
-        return [nothing_line(s)]
-    ran = [k for k, v in s["stages"].items() if v]
-    lines = [f"batches ingested: {', '.join(s['ingested']) or 'none'}; stages run: {', '.join(ran) or 'none'}",
-             f"data version: {s.get('data_version') or '-'}"]
-    if s.get("version"):
-        lines.append(f"{s['model']} version {s['version']}: "
-                     + ("promoted, it is the champion" if s["promoted"] else "registered as challenger, not promoted"))
-        lines += [f"  - {r}" for r in s["reasons"]]
-    if s.get("commit"):
-        lines.append(f"git commit {s['commit']}")
-    return lines
+    _out(status_lines(run_status(tracking_uri(paths.root), params.registry.model_name), params.registry.model_name))
 
 
 @app.command()
@@ -296,24 +198,16 @@ def run(
     project: ProjectOpt = Path("."),
 ) -> None:
     """Run the retrain flow once: ingest waiting batches, then every stale DVC stage; commit and push the result."""
-    from flows.api import connect, defaults
-
     defaults()
     paths, _ = _workspace(project)
     connect()  # before anything changes: a Prefect API that cannot be had is one line and exit 75
     from flows.retrain import outcome
     from flows.retrain import retrain as retrain_flow
+    from flows.summary import RunSummary
 
-    state = retrain_flow(project=str(paths.root), batches=[str(b) for b in batches or []] or None,
-                         only_if_new=only_if_new, return_state=True)
-    summary = outcome(state)
-    if as_json:
-        import json
-
-        _out(json.dumps(summary, default=str))
-        return
-    for line in summary_lines(summary):
-        _out(line)
+    summary = outcome(retrain_flow(project=str(paths.root), batches=[str(b) for b in batches or []] or None,
+                                   only_if_new=only_if_new, return_state=True))
+    _out(json.dumps(summary, default=str) if as_json else RunSummary.of(summary).lines())
 
 
 @app.command()
@@ -322,8 +216,6 @@ def serve(project: ProjectOpt = Path(".")) -> None:
 
     Needs a Prefect API that schedules runs: `prefect server start`, with PREFECT_API_URL pointing at it.
     """
-    from flows.api import connect, defaults
-
     defaults()
     paths, params = _workspace(project)
     from prefect.settings import PREFECT_API_URL
@@ -344,8 +236,6 @@ def automations(notify_url: Annotated[str | None, typer.Option(
         help="Webhook for notifications (default: $RETRAIN_NOTIFY_URL).")] = None) -> None:
     """Create or update retrain's automations on the Prefect server: notify on failed runs and champion moves,
     crash zombie runs."""
-    from flows.api import connect, defaults
-
     defaults()
     from prefect.settings import PREFECT_API_URL
 
@@ -355,8 +245,7 @@ def automations(notify_url: Annotated[str | None, typer.Option(
     connect()
     from flows.automations import ensure_automations
 
-    for name in ensure_automations(notify_url):
-        _out(f"automation ready: {name}")
+    _out([f"automation ready: {name}" for name in ensure_automations(notify_url)])
 
 
 @app.command()
@@ -367,35 +256,12 @@ def demo(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """The loop on generated sample data in a fresh workspace: one retrain flow run per arriving batch."""
-    from flows.api import defaults
-    from retrain.demo import run_demo
+    defaults()  # before Prefect is imported: it reads its settings then
+    from flows.demo import run_demo
 
-    defaults()
-
-    for line in run_demo(workspace, batches, images_per_batch, seed):
-        _out(line)
+    _out(run_demo(workspace, batches, images_per_batch, seed))
 
 
 def main() -> None:
     """Console entry point: expected failures print their lines and exit non-zero, without a traceback."""
-    os.environ.setdefault("YOLO_OFFLINE", "true")  # ultralytics must never download weights or fonts
-    if os.environ.get("RETRAIN_DIE_WITH_PARENT") == "1":  # a stage the flow started (through DVC): see lifeline.py
-        from retrain.lifeline import die_with_parent
-
-        die_with_parent()
-    try:
-        app()
-    except RetrainError as e:
-        for line in e.lines():
-            typer.echo(f"error: {line}", err=True)
-        sys.exit(e.exit_code)
-    except Exception as e:  # a service down is one line and exit 75, which the flow retries; a bug keeps its traceback
-        full = disk_full(e)
-        if full is not None:
-            typer.echo(f"error: {full}", err=True)
-            sys.exit(full.exit_code)
-        reason = transient_reason(e)
-        if reason is None:
-            raise
-        typer.echo(f"error: unavailable, try again later: {reason}", err=True)
-        sys.exit(TransientError.exit_code)
+    run_console(app)

@@ -64,7 +64,6 @@ class ValidateParams(_Section):
         "batches' above which drift is reported."
     )
     drift_level: Level = "warn"
-    workers: int = Field(default=0, ge=0, description="Processes checking images; 0 = one per CPU core.")
     examples: int = Field(default=5, ge=1, le=100, description="Offending rows kept per failed check.")
 
     @model_validator(mode="after")
@@ -102,9 +101,6 @@ class TrainParams(_Section):
     epochs: int = Field(default=30, ge=1)
     batch: int = Field(default=16, ge=1)
     accumulate: int = Field(default=1, ge=1, description="Batches per optimizer step.")
-    workers: int | Literal["auto"] = Field(
-        default="auto", description="Dataloader processes; auto = none on a CPU (ultralytics' choice too: the step "
-        "is compute-bound and a loader process only takes cores from it), min(8, cores) with a GPU.")
     optimizer: Literal["AdamW", "SGD"] = "AdamW"
     lr: float = Field(default=0.002, gt=0)
     lrf: float = Field(default=0.01, gt=0, le=1, description="Final learning rate as a fraction of lr.")
@@ -123,10 +119,7 @@ class TrainParams(_Section):
     nms_conf: float = Field(default=0.001, ge=0, le=1)
     nms_iou: float = Field(default=0.7, gt=0, le=1)
     max_det: int = Field(default=300, ge=1)
-    cache: Literal["auto", "ram", "disk", "none"] = Field(
-        default="auto", description="Decoded-image cache; auto = RAM when it fits three times over, else disk.")
     seed: int = 0
-    threads: int = Field(default=0, ge=0, description="torch CPU threads; 0 = the cores this process may use.")
     accelerator: str = "auto"
     devices: int | str = "auto"
     strategy: str = "auto"
@@ -134,9 +127,6 @@ class TrainParams(_Section):
     precision: str = Field(default="auto", description="auto = bf16-mixed on a CUDA GPU with bf16, else 32-true.")
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto", description="auto = on CUDA; on a CPU the faster format for this model, timed once.")
-    hugepages: Literal["auto", "off"] = Field(
-        default="auto", description="auto = malloc'd memory in transparent huge pages where the kernel's mode is "
-        "madvise and the C library is glibc >= 2.35 (retrain train re-executes itself with GLIBC_TUNABLES).")
     augment: AugmentParams = AugmentParams()
 
 
@@ -177,10 +167,34 @@ class RegistryParams(_Section):
     experiment: str = Field(default="retrain", min_length=1)
 
 
+class RuntimeParams(_Section):
+    """How the stages use this machine and wait for services: speed and patience, never a result.
+
+    No ``dvc.yaml`` stage lists this section (they list the keys that change their results), so changing a thread
+    count or a wait never makes a stage stale, and a resumed training stays valid.
+    """
+
+    threads: int = Field(default=0, ge=0, description="torch CPU threads; 0 = the cores this process may use.")
+    workers: int | Literal["auto"] = Field(
+        default="auto", description="Training and evaluation dataloader processes; auto = none on a CPU "
+        "(ultralytics' choice too: the step is compute-bound and a loader process only takes cores from it), "
+        "min(8, cores) with a GPU.")
+    check_workers: int = Field(default=0, ge=0, description="Processes checking images (validate, ingest); 0 = one "
+                               "per CPU core.")
+    cache: Literal["auto", "ram", "disk", "none"] = Field(
+        default="auto", description="Decoded-image cache; auto = RAM when it fits three times over, else disk.")
+    hugepages: Literal["auto", "off"] = Field(
+        default="auto", description="auto = malloc'd memory in transparent huge pages where the kernel's mode is "
+        "madvise and the C library is glibc >= 2.35 (retrain train re-executes itself with GLIBC_TUNABLES).")
+    registry_wait: float = Field(default=120.0, ge=0, description="Seconds one registry call is retried, with "
+                                 "backoff, while the store is busy (sqlite locked) or unreachable, before the stage "
+                                 "fails with exit 75 (which the flow retries `retrain.retries` times).")
+
+
 class FlowParams(_Section):
     """The Prefect flow around the stages (section ``retrain``): versioning, schedule, retries, one run at a time.
 
-    No DVC stage depends on this section, so changing the schedule never makes a stage stale.
+    No DVC stage depends on this section and no stage reads it: changing the schedule never makes a stage stale.
     """
 
     commit: bool = Field(default=True, description="Commit dvc.lock, params and the batches' .dvc files to git "
@@ -196,9 +210,6 @@ class FlowParams(_Section):
     retries: int = Field(default=3, ge=0, le=10, description="Retries of a stage or push that failed for a "
                          "transient reason (registry or remote unreachable); bad data is never retried.")
     retry_delay: float = Field(default=10.0, ge=0, description="First retry delay in seconds; it doubles each time.")
-    registry_wait: float = Field(default=120.0, ge=0, description="Seconds one registry call is retried, with "
-                                 "backoff, while the store is busy (sqlite locked) or unreachable, before the stage "
-                                 "fails with exit 75 (which the flow retries `retries` times).")
     mlflow_ui: str = Field(default="http://127.0.0.1:5000", description="Base URL of `mlflow ui` for the links in "
                            "the Prefect UI when MLflow is a local store (a server's URL is used as it is).")
 
@@ -214,6 +225,7 @@ class Params(_Section):
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()
     registry: RegistryParams = RegistryParams()
+    runtime: RuntimeParams = RuntimeParams()
     retrain: FlowParams = FlowParams()
 
 
@@ -250,6 +262,13 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: not safe YAML ({first})") from e
 
 
+#: Keys an older params.yaml had, and where they live now (``retrain upgrade`` moves them).
+MOVED = {("train", "workers"): ("runtime", "workers"), ("train", "threads"): ("runtime", "threads"),
+         ("train", "cache"): ("runtime", "cache"), ("train", "hugepages"): ("runtime", "hugepages"),
+         ("validate", "workers"): ("runtime", "check_workers"),
+         ("retrain", "registry_wait"): ("runtime", "registry_wait")}
+
+
 def parse_params(data: Any, source: Path = Path("params.yaml")) -> Params:
     """Validate an already-parsed params document.
 
@@ -267,6 +286,10 @@ def parse_params(data: Any, source: Path = Path("params.yaml")) -> Params:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source.name}: expected a mapping of sections, got {type(data).__name__}")
+    old = [f"{a}.{b}" for a, b in MOVED if isinstance(data.get(a), dict) and b in data[a]]
+    if old:
+        raise ConfigError(f"{source.name}: {', '.join(old)} moved to the runtime section (they change speed, not "
+                          "results); run 'retrain upgrade' to move them and update dvc.yaml")
     try:
         return Params.model_validate(data)
     except ValidationError as e:

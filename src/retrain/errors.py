@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +101,6 @@ class DiskFull(RetrainError):
     @classmethod
     def of(cls, exc: OSError, fallback: str | None = None) -> DiskFull:
         """The one-line report of ``exc`` (an ``ENOSPC``/``EDQUOT``), with the disk's mount point and free space."""
-        import shutil
-
         path = Path(exc.filename or fallback or Path.cwd()).absolute()
         probe = path
         while not probe.exists() and probe != probe.parent:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import runpy
 import signal
 import sys
 
@@ -39,8 +40,6 @@ def die_with_parent(expected_parent: int | None = None) -> None:
 
 def main() -> None:
     """Run ``python -m <module> ARGS`` in this process after ``die_with_parent()``."""
-    import runpy
-
     expected = os.environ.pop(PARENT_ENV, "")  # for this link only: the module's own children have another parent
     die_with_parent(int(expected) if expected.isdigit() else None)
     module, *args = sys.argv[1:]

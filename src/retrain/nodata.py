@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from retrain.fsutil import dumps_canonical, write_atomic
 from retrain.paths import Paths
+from retrain.reports import NoData
 
 HOW = "add one with 'retrain ingest DIR' (or put it in data/incoming/ and run 'retrain run')"
 NOTHING_YET = f"nothing to train yet: no batch has been ingested; {HOW}"
 REASON = "no batch has been ingested yet"
-_RECORD = dumps_canonical({"no_data": True, "reason": REASON})
+_RECORD = dumps_canonical(NoData(reason=REASON).to_json())  # what Report.read refuses, and Report.find skips
 _PAGE = f"<!doctype html><title>retrain: no data</title><p>{REASON}: nothing was {{what}}.</p>\n"
 
 

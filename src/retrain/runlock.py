@@ -20,7 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from retrain.errors import WorkspaceBusy, WorkspaceError
+from retrain.fsutil import write_atomic
 from retrain.paths import Paths
 
 log = logging.getLogger(__name__)
@@ -144,8 +147,6 @@ def run_lock(paths: Paths, owner: dict[str, Any], timeout: float,
 
 
 def _dvc_process(pid: int) -> bool:
-    import psutil
-
     try:
         return any("dvc" in part for part in psutil.Process(pid).cmdline())
     except (psutil.Error, OSError):
@@ -195,8 +196,6 @@ def repair_dvc_locks(root: Path) -> list[str]:
                     for p, infos in doc.get("read", {}).items()}
             read = {p: infos for p, infos in read.items() if infos}
             if write != doc.get("write", {}) or read != doc.get("read", {}):
-                from retrain.fsutil import write_atomic
-
                 write_atomic(rw, json.dumps({"read": read, "write": write}))
                 done.append(f"{rw}: dropped entries of processes that are not dvc (killed, pid reused)")
         return done

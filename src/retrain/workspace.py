@@ -6,6 +6,7 @@ stage code calls these helpers and never imports DVC itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -13,11 +14,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
 import yaml
 
+from retrain import codeversions
+from retrain.config import MOVED
 from retrain.errors import ExternalToolError, WorkspaceError
 from retrain.paths import Paths
 
@@ -125,6 +129,7 @@ def init_workspace(target: Path, remote: str = DEFAULT_REMOTE) -> Paths:
         for d in (paths.incoming, paths.batches):
             d.mkdir(parents=True, exist_ok=True)
             (d / ".gitkeep").touch()
+        codeversions.record(paths)
         git(["init", "-q", "-b", "main"], paths.root, "git init")
         dvc(["init", "-q"], paths.root, "dvc init")
         dvc(["config", "core.autostage", "true"], paths.root, "dvc config")
@@ -142,7 +147,7 @@ def init_workspace(target: Path, remote: str = DEFAULT_REMOTE) -> Paths:
 
 
 #: Files every run owns besides the stages' outputs: the pipeline, what DVC recorded of it, and its params.
-_PIPELINE_FILES = ("dvc.yaml", "dvc.lock", "params.yaml", "data/batches/.gitignore")
+_PIPELINE_FILES = ("dvc.yaml", "dvc.lock", "params.yaml", codeversions.FILE, "data/batches/.gitignore")
 
 
 def run_files(paths: Paths) -> list[str]:
@@ -184,6 +189,64 @@ def commit(paths: Paths, message: str) -> bool:
     return True
 
 
+def set_params(paths: Paths, values: dict[str, object]) -> None:
+    """Set ``section.key`` values in ``params.yaml``, keeping its comments and layout (DVC's own YAML editor, the
+    one ``dvc exp run --set-param`` uses)."""
+    from dvc.utils.serialize import modify_yaml  # DVC's Python API: seconds to import, only here
+
+    with modify_yaml(paths.params) as doc:
+        for dotted, value in values.items():
+            *sections, key = dotted.split(".")
+            node = doc
+            for section in sections:
+                node = node[section]
+            node[key] = value
+
+
+#: sha256 of every dvc.yaml an earlier retrain init wrote: ``upgrade`` replaces only those, never a user's own.
+_OLD_DVC_YAML = frozenset({
+    "865a1f54505233acf737d9cb4cb5a18440f1850bb7e15f168658ae5da0fc3e80",
+    "ccb0d4879951a02c87e7ffd117855f33b34c906691a2dab97a6b92c19ac3f197",
+    "becb7aa67473fee02838e054bdb5bab93b4c99216d05bdf2f68f74aa3cce5740",
+    "d22ddfb695ce00208920aea612dd4fded19248a23a22d0807517dbeb79eecc52",
+    "08c98b7b87ccc54bb49d5853112f2deb041556e34a7c0a1c0beb4a1ebf6ba3cd",
+    "a45aaa2e14b2e663ecb6bd3b2f406b5dc1ffa040473e1e47ec1baf09916c487c",
+})
+
+
+def upgrade(paths: Paths) -> list[str]:
+    """Bring a workspace made by an earlier retrain to this one's pipeline files; what was done, a line each.
+
+    Moves the params that change speed, not results, to ``runtime`` (``config.MOVED``), replaces a ``dvc.yaml``
+    that an earlier ``retrain init`` wrote with this version's (params listed key by key, the code versions), and
+    records the code versions.  A ``dvc.yaml`` edited by hand is left alone, with what to change.  Nothing is
+    committed: review with ``git diff``, then commit.
+    """
+    from dvc.utils.serialize import modify_yaml  # DVC's Python API: seconds to import, only here
+
+    done: list[str] = []
+    with modify_yaml(paths.params) as doc:
+        for (section, key), (new_section, new_key) in MOVED.items():
+            if isinstance(doc.get(section), dict) and key in doc[section]:
+                value = doc[section].pop(key)
+                doc.setdefault(new_section, {})
+                if new_key not in doc[new_section]:
+                    doc[new_section][new_key] = value
+                done.append(f"params.yaml: {section}.{key} -> {new_section}.{new_key}")
+    current = template_text("dvc.yaml")
+    text = paths.dvc_yaml.read_text(encoding="utf-8")
+    if text != current:
+        if hashlib.sha256(text.encode()).hexdigest() in _OLD_DVC_YAML:
+            paths.dvc_yaml.write_text(current, encoding="utf-8")
+            done.append("dvc.yaml: replaced by this version's (params key by key, code-versions.yaml)")
+        else:
+            done.append("dvc.yaml was edited by hand: left alone; list each stage's params key by key and its "
+                        f"code-versions.yaml entry as in {Path(__file__).parent / 'templates' / 'dvc.yaml'}")
+    if codeversions.record(paths):
+        done.append(f"{codeversions.FILE}: recorded")
+    return done or ["nothing to upgrade: the workspace is this version's"]
+
+
 def check_remote(paths: Paths) -> str:
     """Restore the committed version from the DVC remote as a new machine would; a line saying what was restored.
 
@@ -195,8 +258,6 @@ def check_remote(paths: Paths) -> str:
     Raises:
         ExternalToolError: The remote cannot restore it; DVC's own lines say which objects.
     """
-    import tempfile
-
     head = git(["rev-parse", "--short", "HEAD"], paths.root, "git rev-parse").strip()
     remote = dvc(["remote", "default"], paths.root, "dvc remote default").strip()
     with tempfile.TemporaryDirectory(prefix="retrain-check-remote-") as tmp:
@@ -260,7 +321,7 @@ def object_names(root: Path) -> dict[str, str]:
     return names
 
 
-def master_version(paths: Paths) -> str | None:
+def master_dvc_md5(paths: Paths) -> str | None:
     """DVC's md5 of ``data/master`` as ``dvc.lock`` records it (the data version); ``None`` when it has none."""
     lock = paths.root / "dvc.lock"
     if not lock.is_file():

@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from retrain.paths import Paths
-from tests.helpers import coco_to_voc, coco_to_yolo, registry_state, run_cli, run_dvc, snapshot, tree_hash
-from tests.integration.test_flow import _set, arrive, tiny_workspace
+from tests.helpers import coco_to_voc, coco_to_yolo, registry_state, run_cli, run_dvc, set_params, snapshot, tree_hash
+from tests.integration.test_flow import arrive, tiny_workspace
 
 pytestmark = [pytest.mark.faults]  # the model-file tests (they train or make a champion first) are slow too
 
@@ -62,8 +62,8 @@ def hostile_model(kind: str, path: Path, canary: Path) -> Path:
     from ultralytics.nn.autobackend import AutoBackend
     from ultralytics.nn.tasks import DetectionModel
 
+    from retrain.detector.files import ModelFile, save_model_file
     from retrain.training.module import build_model
-    from retrain.training.weights import ModelFile, save_model_file
 
     touch = f"touch {canary}"
     if kind == "system":
@@ -118,15 +118,6 @@ def _state(paths: Paths) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from retrain.data.sample import generate
-
-    root = tmp_path_factory.mktemp("hostile-samples")
-    generate(root, batches=1, images_per_batch=16, seed=0)
-    return root
-
-
-@pytest.fixture(scope="module")
 def validated(samples: Path, tmp_path_factory: pytest.TempPathFactory) -> Paths:
     """A workspace with batch-1 ingested, merged and validated (ready to train), nothing trained."""
     paths = tiny_workspace(tmp_path_factory.mktemp("hostile-train"))
@@ -143,7 +134,7 @@ def test_a_hostile_base_model_is_refused_before_any_of_it_runs(kind: str, valida
     canary = _canary(tmp_path)
     model = hostile_model(kind, paths.root / f"hostile-{kind}.pt", canary)
     params = (paths.root / "params.yaml").read_text()
-    _set(paths.root, "train", base_model=model.name, use_champion=False)
+    set_params(paths.root, "train", base_model=model.name, use_champion=False)
     before = _state(paths)
     try:
         proc = run_cli("train", cwd=paths.root)

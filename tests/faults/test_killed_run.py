@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import git, load_json, registry_state, run_cli, run_dvc
-from tests.integration.test_flow import _set, arrive, cli_env, tiny_workspace
+from tests.helpers import git, load_json, registry_state, run_cli, run_dvc, set_params
+from tests.integration.test_flow import arrive, cli_env, tiny_workspace
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -56,7 +56,7 @@ def test_a_run_killed_in_training_leaves_nothing_running_and_the_next_run_finish
 
     generate(tmp_path / "samples", batches=1, images_per_batch=16, seed=0)
     paths = tiny_workspace(tmp_path)
-    _set(paths.root, "train", epochs=30)
+    set_params(paths.root, "train", epochs=30)
     git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qam", "30 epochs", cwd=paths.root)
     arrive(tmp_path / "samples", "batch-1", paths)
     env = cli_env(tmp_path / "prefect")

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_json, run_cli
-from tests.integration.test_train import set_train_params
+from tests.helpers import load_json, run_cli, set_train_params
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -34,7 +33,7 @@ ENV = {"MALLOC_ARENA_MAX": "2"}
 
 
 PROBE = """
-import psutil, retrain.cli, retrain.training.data, retrain.training.module, retrain.training.train
+import psutil, retrain.cli, retrain.data.loading, retrain.training.module, retrain.training.train
 print(psutil.Process().memory_info().vms)
 """
 
@@ -42,11 +41,12 @@ CHOOSE = """
 import logging
 from pathlib import Path
 from retrain.config import load_params
-from retrain.training.data import choose_cache, load_master
+from retrain.data.loading import choose_cache
+from retrain.data.master import load_master
 logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-p = load_params(Path("params.yaml")).train
+p = load_params(Path("params.yaml"))
 master = load_master(Path("data/master"), Path("data"))
-print("chosen:", choose_cache(p.cache, master.doc["images"], p.imgsz, 0))
+print("chosen:", choose_cache(p.runtime.cache, master.doc["images"], p.train.imgsz, 0))
 """
 
 
@@ -91,7 +91,7 @@ def test_under_an_address_space_cap_training_caches_on_disk_and_completes(worksp
     prlimit = shutil.which("prlimit")
     if prlimit is None:
         pytest.skip("prlimit (util-linux) is not installed")
-    from retrain.training.data import TRAINING_ROOM
+    from retrain.data.loading import TRAINING_ROOM
 
     need = _decoded_bytes(load_json(workspace / "data" / "master" / "annotations.json")["images"])
     cap = int(_python(PROBE, workspace).stdout.split()[-1]) + ROOM

@@ -18,7 +18,7 @@ import pytest
 
 from retrain.paths import Paths
 from tests.faults.conftest import cli, error_lines, ok, reap, state
-from tests.integration.test_flow import _set
+from tests.helpers import set_params
 from tests.integration.test_promote import _port, _server, _stop, _wait
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(1800)]  # the workspaces' build too
@@ -61,7 +61,7 @@ def test_mlflow_db_held_by_another_writer_for_10_s_is_waited_for_and_the_version
 def test_mlflow_db_held_past_the_bounded_wait_fails_cleanly_with_exit_75_and_registers_nothing(
         restore: Callable[[str], Paths]) -> None:
     paths = restore("evaluated")
-    _set(paths.root, "retrain", registry_wait=2)
+    set_params(paths.root, "runtime", registry_wait=2)
     before = state(paths.root)
     holder = _hold(paths.root / "mlflow.db", "stdin")
     try:
@@ -77,7 +77,7 @@ def test_mlflow_db_held_past_the_bounded_wait_fails_cleanly_with_exit_75_and_reg
     [line] = error_lines(busy)
     assert "model registry" in line and "still busy or unreachable after 2 s" in line, line
     assert "model registry busy or unreachable" in busy.stderr  # the retry, with its pause, in the log
-    assert took < 120, took  # bounded: sqlite's 20 s busy timeout per try, and retrain.registry_wait
+    assert took < 120, took  # bounded: sqlite's 20 s busy timeout per try, and runtime.registry_wait
     assert state(paths.root) == before  # no version, no alias: nothing half-registered
     names = [r[0] for r in sqlite3.connect(paths.root / "mlflow.db").execute("select version from model_versions")]
     assert names == [1]
@@ -86,7 +86,7 @@ def test_mlflow_db_held_past_the_bounded_wait_fails_cleanly_with_exit_75_and_reg
 def test_the_mlflow_server_stopped_during_promotion_fails_the_stage_after_retries_and_the_champion_stays(
         restore: Callable[[str], Paths], tmp_path: Path) -> None:
     paths = restore("evaluated")
-    _set(paths.root, "retrain", registry_wait=4)
+    set_params(paths.root, "runtime", registry_wait=4)
     before = state(paths.root)
     port = _port()
     args = ["server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,22 +20,25 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import yaml
 
 from retrain.paths import Paths
-from retrain.workspace import master_version
-from tests.helpers import flow_run_contents, git, load_json, registry_state, run_cli, run_dvc, tree_hash
+from retrain.workspace import master_dvc_md5
+from tests.helpers import (
+    flow_run_contents,
+    flow_run_logs,
+    git,
+    load_json,
+    registry_state,
+    run_cli,
+    run_dvc,
+    set_params,
+    set_train_params,
+    tree_hash,
+)
 
 STAGES = ["merge", "validate", "train", "evaluate", "promote"]
 TINY_TRAIN = {"imgsz": 64, "epochs": 3, "batch": 8, "cache": "ram", "eval_interval": 1, "workers": 0,
               "augment": {"close_mosaic": 1}}
-
-
-def _set(root: Path, section: str, **values: Any) -> None:
-    path = root / "params.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc[section] = {**(doc.get(section) or {}), **values}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def tiny_workspace(base: Path, name: str = "ws") -> Paths:
@@ -42,9 +46,9 @@ def tiny_workspace(base: Path, name: str = "ws") -> Paths:
     from retrain.workspace import init_workspace
 
     paths = init_workspace(base / name, remote=str(base / f"{name}-remote"))
-    _set(paths.root, "train", **TINY_TRAIN)
-    _set(paths.root, "evaluate", bootstrap=20)
-    _set(paths.root, "promote", min_map=0.0)
+    set_train_params(paths.root, **TINY_TRAIN)
+    set_params(paths.root, "evaluate", bootstrap=20)
+    set_params(paths.root, "promote", min_map=0.0)
     git("add", "-A", cwd=paths.root)
     git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "tiny params", cwd=paths.root)
     return paths
@@ -58,15 +62,6 @@ def cli_env(prefect_home: Path) -> dict[str, str]:
     """A `retrain` process on its own local (ephemeral) Prefect API, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     return {**env, "PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-
-
-@pytest.fixture(scope="module")
-def samples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from retrain.data.sample import generate
-
-    root = tmp_path_factory.mktemp("flow-samples")
-    generate(root, batches=3, images_per_batch=16, seed=0)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +83,7 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
 
     paths, s = first.paths, first.summary
     assert s["ingested"] == ["batch-1"] and s["stages"] == dict.fromkeys(STAGES, True)
-    assert s["version"] == "1" and s["promoted"] is True and s["data_version"] == master_version(paths)
+    assert s["version"] == "1" and s["promoted"] is True and s["data_dvc_md5"] == master_dvc_md5(paths)
     assert not (paths.incoming / "batch-1").exists() and (paths.incoming / ".ingested" / "batch-1").is_dir()
 
     names, artifacts = flow_run_contents(first.state.state_details.flow_run_id)
@@ -102,9 +97,18 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     assert "/#/models/retrain-detector/versions/1)" in artifacts["retrain-model-version"].data
     assert "/runs/" in artifacts["retrain-mlflow-run"].data
 
+    # What the UI's log shows a user: no library noise, and no stage line twice (a log record and the command's
+    # printed result saying the same).
+    logs = flow_run_logs(first.state.state_details.flow_run_id)
+    noise = ("litlogger", "LeafSpec", "non-deterministic", "Overriding model.yaml", "Experiment logs directory")
+    assert not [m for m in logs if any(n in m for n in noise)], [m for m in logs if any(n in m for n in noise)]
+    records = {m.split(": ", 1)[1] for m in logs if re.match(r"^(INFO|WARNING) retrain[.a-z_]*: ", m)}
+    twice = [m for m in logs if m in records or any(m.startswith(r) and len(r) > 20 for r in records)]
+    assert not twice, twice
+
     # Versioned: one commit naming the data version and the decision; nothing left uncommitted; data pushed.
     message = git("log", "-1", "--format=%s", cwd=paths.root)
-    assert s["data_version"][:12] in message and "retrain-detector v1 promoted" in message, message
+    assert s["data_dvc_md5"][:12] in message and "retrain-detector v1 promoted" in message, message
     assert git("status", "--porcelain", cwd=paths.root).strip() == "?? export.csv"  # the user's stray file
     assert "up to date" in run_dvc("status", cwd=paths.root)
     assert "Running stage" not in run_dvc("repro", cwd=paths.root)
@@ -171,7 +175,7 @@ def test_a_validation_failure_stops_the_run_before_training_with_the_summary(fir
 
     paths = first.paths
     params = (paths.root / "params.yaml").read_text()
-    _set(paths.root, "validate", val_fraction_min=0.45, val_fraction_level="fail")  # the master has ~20% in val
+    set_params(paths.root, "validate", val_fraction_min=0.45, val_fraction_level="fail")  # the master has ~20% in val
     before = (tree_hash(paths.master), tree_hash(paths.candidate), registry_state(paths.root))
     try:
         state = retrain(project=str(paths.root), return_state=True)
@@ -199,7 +203,7 @@ def test_an_unreachable_dvc_remote_is_retried_with_backoff_then_fails_with_the_r
 
     paths = first.paths
     params = (paths.root / "params.yaml").read_text()
-    _set(paths.root, "retrain", retries=2, retry_delay=0.2)
+    set_params(paths.root, "retrain", retries=2, retry_delay=0.2)
     run_dvc("remote", "modify", "--local", "store", "url", "http://127.0.0.1:9/dvc-remote", cwd=paths.root)
     try:
         state = retrain(project=str(paths.root), return_state=True)
@@ -234,7 +238,7 @@ def test_dvc_repro_alone_gives_the_same_data_versions_and_registry_decisions(fir
         out = run_dvc("repro", cwd=clone)
         assert all(f"Running stage '{st}'" in out for st in STAGES), out
         promotion = load_json(clone / "reports" / "promotion.json")
-        assert master_version(Paths.at(clone)) == flow_run["data_version"]
+        assert master_dvc_md5(Paths.at(clone)) == flow_run["data_dvc_md5"]
         assert (promotion["version"], promotion["promoted"], promotion["reasons"]) == \
             (flow_run["version"], flow_run["promoted"], flow_run["reasons"]), (promotion, flow_run)
         assert load_json(clone / "reports" / "eval.json")["candidate"]["metrics"]["mAP50-95"] == \

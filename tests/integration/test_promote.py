@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
+from retrain.detector.files import ModelFile, load_model_file, save_model_file
 from retrain.paths import Paths
-from retrain.training.weights import ModelFile, load_model_file, save_model_file
-from tests.helpers import git, load_json, run_cli, run_dvc
+from tests.helpers import git, load_json, run_cli, run_dvc, set_params, set_train_params
 
 NAME = "retrain-detector"
 GATE = {"min_map": 0.0, "min_delta": 0.001, "max_class_drop": 0.005, "min_class_instances": 1,
@@ -33,13 +33,6 @@ GATE = {"min_map": 0.0, "min_delta": 0.001, "max_class_drop": 0.005, "min_class_
 LINEAGE = {"data_version", "data_dvc_md5", "git_rev", "git_dirty", "params_hash", "train_params_hash",
            "parent_version", "warm_start", "train_run_id", "decision", "reasons", "classes", "metric.mAP50-95",
            "metric.mAP50", "metric.mAP75", "metric.AR100"}
-
-
-def _set(root: Path, section: str, **values: Any) -> None:
-    path = root / "params.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc[section] = {**(doc.get(section) or {}), **values}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +46,10 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     paths = init_workspace(base / "ws", remote=str(base / "remote"))
     for b in ("batch-1", "batch-2"):
         run_cli("ingest", base / "samples" / b, cwd=paths.root, check=True)
-    _set(paths.root, "train", imgsz=128, epochs=40, batch=8, cache="ram", use_champion=False, lr=0.004,
-         eval_interval=20, workers=0, augment={"close_mosaic": 5})
-    _set(paths.root, "evaluate", bootstrap=50)
-    _set(paths.root, "promote", **GATE)
+    set_train_params(paths.root, imgsz=128, epochs=40, batch=8, cache="ram", use_champion=False, lr=0.004,
+                     eval_interval=20, workers=0, augment={"close_mosaic": 5})
+    set_params(paths.root, "evaluate", bootstrap=50)
+    set_params(paths.root, "promote", **GATE)
     git("add", "-A", cwd=paths.root)
     git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "params for the test", cwd=paths.root)
     out = run_dvc("repro", cwd=paths.root)
@@ -115,13 +108,13 @@ def test_first_model_is_promoted_only_above_min_map_with_every_lineage_tag(train
     report = load_json(paths.eval_report)
     score = report["candidate"]["metrics"]["mAP50-95"]
     assert score > 0.02 and report["champion"] is None
-    _set(paths.root, "promote", min_map=round(score + 0.01, 4))
+    set_params(paths.root, "promote", min_map=round(score + 0.01, 4))
     _, refused = _round(paths, strong)
     assert refused["promoted"] is False and refused["version"] == "1"
     assert refused["reasons"] == [f"first model: mAP50-95 {score:.4f} is below min_map {score + 0.01:.4f}"]
     client = _client(_uri(paths))
     assert _aliases(client) == {"challenger": "1"}  # registered, not champion
-    _set(paths.root, "promote", min_map=round(score - 0.01, 4))
+    set_params(paths.root, "promote", min_map=round(score - 0.01, 4))
     _, promoted = _round(paths, strong)
     assert promoted["promoted"] is True and promoted["version"] == "2"
     assert _aliases(client) == {"challenger": "2", "champion": "2"}

@@ -15,29 +15,18 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 
+from retrain.detector.files import load_model_file
 from retrain.paths import Paths
 from retrain.training import hugepages
 from retrain.training.callbacks import LAST, PREVIOUS
-from retrain.training.weights import load_model_file
-from tests.helpers import load_json, run_cli, run_dvc, tree_hash
+from tests.helpers import load_json, run_cli, run_dvc, set_params, set_train_params, tree_hash
 
 # channels_last pinned: `auto` times a step in each format per workspace, and at imgsz 96 the two are close, so two
 # copies of a workspace could choose differently (other conv kernels, other float rounding) and two runs the tests
 # compare would differ by more than a resume could explain.
 TINY: dict[str, Any] = {"imgsz": 96, "epochs": 3, "batch": 4, "workers": 0, "cache": "none", "use_champion": False,
                         "seed": 0, "channels_last": "off", "augment": {"close_mosaic": 1}}
-
-
-def set_train_params(root: Path, **train: Any) -> None:
-    """Edit ``params.yaml``'s ``train`` section (merging ``augment``)."""
-    path = root / "params.yaml"
-    doc = yaml.safe_load(path.read_text())
-    section = doc.get("train") or {}
-    augment = {**(section.get("augment") or {}), **train.pop("augment", {})}
-    doc["train"] = {**section, **train, "augment": augment}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +94,27 @@ def test_dvc_repro_trains_a_candidate_with_report_plots_and_one_mlflow_run(merge
     assert "up to date" in run_dvc("status", "train", cwd=paths.root).lower()
     # The per-epoch CSV is a DVC plot.
     assert "val/mAP50-95" in run_dvc("plots", "show", "--json", cwd=paths.root)
+
+    # What makes train stale: a param that changes its result, or new training code; a speed knob does not.
+    clean = "Data and pipelines are up to date."
+    set_params(paths.root, "runtime", threads=1, workers=0, cache="disk", hugepages="off", registry_wait=5)
+    assert run_dvc("status", "train", cwd=paths.root).strip() == clean
+    lock = (paths.root / "dvc.lock").read_text()
+    set_params(paths.root, "train", lr=0.01)
+    status = run_dvc("status", "train", cwd=paths.root)
+    assert "train:" in status and "train.lr" in status, status
+    set_params(paths.root, "train", lr=TINY.get("lr", 0.002))
+    assert run_dvc("status", "train", cwd=paths.root).strip() == clean
+    code = paths.root / "code-versions.yaml"
+    recorded = code.read_text()
+    code.write_text(recorded.replace("train: ", "train: 0"))  # as after an upgrade of the training code
+    status = run_dvc("status", "train", cwd=paths.root)
+    assert "code-versions.yaml" in status and "train" in status, status
+    assert run_dvc("status", "merge", "validate", cwd=paths.root).strip() == clean  # their code did not change
+    changed = run_cli("code-versions", cwd=paths.root, check=True)  # records what is installed: the real hash
+    assert "new code for train" in changed.stdout and code.read_text() == recorded, changed.stdout
+    assert run_dvc("status", "train", cwd=paths.root).strip() == clean
+    assert (paths.root / "dvc.lock").read_text() == lock
 
 
 def test_sigkill_in_epoch_2_resumes_with_optimizer_and_ema_and_matches_an_uninterrupted_run(

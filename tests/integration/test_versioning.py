@@ -160,3 +160,31 @@ def test_check_remote_restores_into_an_empty_cache_and_names_a_lost_object(works
     errors = [ln for ln in lost.stderr.splitlines() if ln.startswith("error:")]
     assert lost.returncode == 1 and len(errors) == 1 and "cannot restore" in errors[0], lost.stderr
     assert f"data/{image}" in errors[0] or f"data/master/{Path(image).name}" in errors[0], errors
+
+
+def test_a_workspace_of_an_earlier_retrain_is_refused_with_the_remedy_then_upgraded(workspace: Paths):
+    import yaml
+
+    ws = workspace.root
+    doc = yaml.safe_load((ws / "params.yaml").read_text())
+    doc["train"].update(threads=2, workers=0, cache="disk")  # where an earlier params.yaml had them
+    doc["validate"]["workers"] = 1
+    doc["retrain"]["registry_wait"] = 30
+    del doc["runtime"]
+    (ws / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (ws / "dvc.yaml").write_text((ws / "dvc.yaml").read_text() + "# edited by hand\n")
+    refused = run_cli("status", cwd=ws)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    assert "train.threads" in refused.stderr and "retrain upgrade" in refused.stderr, refused.stderr
+
+    up = run_cli("upgrade", cwd=ws, check=True)
+    assert "params.yaml: train.threads -> runtime.threads" in up.stdout, up.stdout
+    assert "params.yaml: validate.workers -> runtime.check_workers" in up.stdout
+    assert "dvc.yaml was edited by hand: left alone" in up.stdout
+    from retrain.config import load_params
+
+    params = load_params(ws / "params.yaml")
+    assert (params.runtime.threads, params.runtime.workers, params.runtime.cache) == (2, 0, "disk")
+    assert (params.runtime.check_workers, params.runtime.registry_wait) == (1, 30)
+    again = run_cli("upgrade", cwd=ws, check=True).stdout
+    assert "params.yaml:" not in again and "left alone" in again, again  # moved once; the hand edit still stays

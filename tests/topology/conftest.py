@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from retrain.paths import Paths
 from stack.net import Net
 from stack.services import Stack
+from tests.helpers import set_params, set_train_params
 from tests.integration.test_flow import TINY_TRAIN
 
 PREFIX, NET = "rtt", "10.231.77"
@@ -51,20 +51,13 @@ def stack() -> Iterator[Stack]:
         assert subprocess.run(["ip", "link", "show", s.net.bridge], capture_output=True).returncode != 0
 
 
-def set_params(root: Path, section: str, **values: Any) -> None:
-    path = root / "params.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc[section] = {**(doc.get(section) or {}), **values}
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-
-
 def stack_workspace(stack: Stack, base: Path, name: str) -> Paths:
     """A workspace on the stack: DVC remote ``s3://retrain-dvc/NAME``, its own registered model, tiny training."""
     from retrain.workspace import init_workspace
     from tests.helpers import git
 
     paths = init_workspace(base / name, remote=f"{stack.client_env()['RETRAIN_DVC_REMOTE']}/{name}")
-    set_params(paths.root, "train", **TINY_TRAIN)
+    set_train_params(paths.root, **TINY_TRAIN)
     set_params(paths.root, "evaluate", bootstrap=20)
     set_params(paths.root, "promote", min_map=0.0)
     set_params(paths.root, "registry", model_name=f"det-{name}", experiment=f"retrain-{name}")

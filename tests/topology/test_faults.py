@@ -22,8 +22,8 @@ import pytest
 from retrain.paths import Paths
 from stack.services import BUCKETS, Stack
 from tests.faults.conftest import error_lines
-from tests.helpers import git, run_cli, run_dvc
-from tests.topology.conftest import client_env, deploy, set_params, stack_workspace, until
+from tests.helpers import git, run_cli, run_dvc, set_params
+from tests.topology.conftest import client_env, deploy, stack_workspace, until
 
 pytestmark = [pytest.mark.topology, pytest.mark.faults, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -106,7 +106,7 @@ def test_s3_down_during_the_artifact_upload_registers_nothing_then_once(stack: S
                                                                        restore: Callable[[str], Paths],
                                                                        tmp_path: Path) -> None:
     paths = restore("det-s3")
-    set_params(paths.root, "retrain", registry_wait=20)  # bounded: the test waits for the give-up
+    set_params(paths.root, "runtime", registry_wait=20)  # bounded: the test waits for the give-up
     env = {**built["env"], "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
     flag = tmp_path / "stalled"
     proc = _promote_stalled(paths, env, flag)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from stack.services import Stack
-from tests.helpers import load_json, run_cli
-from tests.topology.conftest import client_env, set_params, stack_workspace
+from tests.helpers import load_json, run_cli, set_train_params
+from tests.topology.conftest import client_env, stack_workspace
 
 pytestmark = [pytest.mark.topology, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ def test_two_nodes_train_one_candidate_over_the_link(stack: Stack, tmp_path: Pat
     from retrain.data.sample import generate
 
     paths = stack_workspace(stack, tmp_path, "ws-ddp")
-    set_params(paths.root, "train", num_nodes=2, strategy="ddp", devices=1, accelerator="cpu", threads=1, epochs=2)
+    set_train_params(paths.root, num_nodes=2, strategy="ddp", devices=1, accelerator="cpu", threads=1, epochs=2)
     env = client_env(stack, tmp_path / "prefect")
     generate(tmp_path / "samples", batches=1, images_per_batch=16, seed=0)
     run_cli("ingest", tmp_path / "samples" / "batch-1", cwd=paths.root, env=env, check=True)

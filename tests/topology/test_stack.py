@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from stack.services import BUCKETS, Stack
-from tests.helpers import git, run_cli, run_dvc
+from tests.helpers import flow_run_logs, git, run_cli, run_dvc
 from tests.integration.test_flow import STAGES
 from tests.topology.conftest import client_env, deploy, stack_workspace, until
 
@@ -26,15 +26,7 @@ pytestmark = pytest.mark.topology
 
 
 def _logs(client: Any, run_id: Any) -> list[str]:
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-
-    messages: list[str] = []
-    while True:  # the server returns at most 200 a page
-        page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])), limit=200,
-                                offset=len(messages))
-        messages += [log.message for log in page]
-        if len(page) < 200:
-            return messages
+    return flow_run_logs(run_id)
 
 
 def _task_runs(client: Any, run_id: Any) -> list[Any]:

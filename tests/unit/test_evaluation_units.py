@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from retrain.config import PromoteParams
-from retrain.evaluation.bootstrap import matches, paired_delta_interval, resample_weights, resampled_map
-from retrain.evaluation.coco_eval import ground_truth, run_cocoeval, summarize
-from retrain.evaluation.compare import ModelMetrics, decide
+from retrain.metrics.bootstrap import matches, paired_delta_interval, resample_weights, resampled_map
+from retrain.metrics.coco import ground_truth, run_cocoeval, summarize
+from retrain.promotion.gate import ModelMetrics, decide
 
 GATE = PromoteParams(min_map=0.3, min_delta=0.01, max_class_drop=0.05, min_class_instances=5, max_slice_drop=0.05)
 CLASSES = {"cat": 20, "dog": 20, "rare": 2}

@@ -1,6 +1,6 @@
 from retrain.config import MergeParams
-from retrain.data.merge import assign_split, manifest_csv, merge_batches, reconcile_classes
 from retrain.fsutil import dumps_canonical
+from retrain.merge import assign_split, manifest_csv, merge_batches, reconcile_classes
 
 
 def _doc(cats, images):

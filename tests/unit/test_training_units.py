@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain.config import TrainParams
+from retrain.config import RuntimeParams, TrainParams
+from retrain.data.loading import choose_cache
+from retrain.detector.files import ModelFile, ModelFileError, load_model_file, save_model_file, warm_start
+from retrain.detector.model import build_model
 from retrain.training.callbacks import LAST, PREVIOUS
-from retrain.training.data import choose_cache
-from retrain.training.module import _lr_lambda, build_model
+from retrain.training.module import _lr_lambda
 from retrain.training.train import CheckpointError, find_resume, fingerprint
-from retrain.training.weights import ModelFile, ModelFileError, load_model_file, save_model_file, warm_start
 
 
 def test_lr_schedule_warms_up_then_decays_to_lrf():
@@ -26,10 +27,10 @@ def test_lr_schedule_warms_up_then_decays_to_lrf():
     assert lin(5) == pytest.approx(0.55)
 
 
-def test_fingerprint_ignores_speed_knobs_but_not_results():
+def test_fingerprint_is_the_train_section_s_results_and_runtime_knobs_live_elsewhere():
     p = TrainParams()
     base = fingerprint("v1", p, {"kind": "scratch"})
-    assert fingerprint("v1", p.model_copy(update={"workers": 7, "threads": 3}), {"kind": "scratch"}) == base
+    assert not {"workers", "threads", "cache", "hugepages"} & set(TrainParams.model_fields)  # runtime's, not train's
     assert fingerprint("v1", p.model_copy(update={"lr": 0.1}), {"kind": "scratch"})["params"] != base["params"]
     assert fingerprint("v2", p, {"kind": "scratch"})["data_version"] == "v2"
 
@@ -125,8 +126,8 @@ def _sample_master(root: Path):
     import hashlib
     import json
 
+    from retrain.data.master import Master
     from retrain.data.sample import generate
-    from retrain.training.data import Master
 
     (batch,) = generate(root, 1, 12, seed=0)
     doc = json.loads((batch.path / "annotations.json").read_text())
@@ -141,13 +142,14 @@ def _sample_master(root: Path):
 def test_persistent_loader_workers_draw_each_epoch_as_a_resumed_run_does(tmp_path: Path):
     """Epoch N's augmented batches depend on (seed, epoch) only: the same after epochs 0..N-1 as after a resume."""
     from retrain.config import AugmentParams
-    from retrain.training.data import MasterDataModule
+    from retrain.training.datamodule import MasterDataModule
 
     master = _sample_master(tmp_path)
-    p = TrainParams(imgsz=64, batch=4, workers=2, cache="ram", epochs=3, augment=AugmentParams(close_mosaic=1))
+    p = TrainParams(imgsz=64, batch=4, epochs=3, augment=AugmentParams(close_mosaic=1))
+    runtime = RuntimeParams(workers=2, cache="ram")
 
     def epochs(which: list[int]) -> list[list[torch.Tensor]]:
-        dm = MasterDataModule(master, p, tmp_path / "cache")
+        dm = MasterDataModule(master, p, runtime, tmp_path / "cache")
         dm.setup("fit")
         loader = dm.train_dataloader()
         assert loader.persistent_workers and loader.num_workers == 2
@@ -167,8 +169,8 @@ def test_persistent_loader_workers_draw_each_epoch_as_a_resumed_run_does(tmp_pat
 def test_training_re_hashes_every_image_and_names_a_damaged_or_missing_one(tmp_path: Path):
     import hashlib
 
+    from retrain.data.master import Master, verify_images
     from retrain.errors import ValidationFailed
-    from retrain.training.data import Master, verify_images
 
     images = []
     for i in range(3):
@@ -191,7 +193,7 @@ def test_training_re_hashes_every_image_and_names_a_damaged_or_missing_one(tmp_p
 
 
 def test_ddp_ranks_read_disjoint_shards_of_the_same_epoch_order_whatever_the_node():
-    from retrain.training.data import EpochSampler
+    from retrain.data.loading import EpochSampler
 
     n, world = 17, 2
     for epoch in (0, 1, 5):

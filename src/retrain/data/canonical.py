@@ -20,9 +20,9 @@ from typing import Any
 
 import orjson
 
+from retrain.data.formats import ValidBatch
 from retrain.errors import RetrainError
 from retrain.fsutil import dumps_canonical
-from retrain.validation.batch import ValidBatch
 
 ANNOTATIONS = "annotations.json"
 META = "batch.json"

@@ -1,109 +1,68 @@
-"""``reports/eval.md`` (a table a person reads) and the PNG plots of an evaluation."""
+"""``reports/eval.json``: champion and candidate on the same val images, as promote and the flow read it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
-import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
-
-def _num(v: float | None) -> str:
-    return "n/a" if v is None or v < 0 else f"{v:.4f}"
+from retrain.metrics.coco import MetricsRecord
+from retrain.reports import Report
 
 
-def _signed(new: float | None, old: float | None) -> str:
-    if new is None or old is None or new < 0 or old < 0:
-        return ""
-    return f"{new - old:+.4f}"
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The evaluation as markdown: overall, per class, per origin batch, and the bootstrap interval."""
-    cand = report["candidate"]["metrics"]
-    champ_entry = report.get("champion")
-    champ = champ_entry["metrics"] if champ_entry else None
-    title = f"champion (v{champ_entry['version']})" if champ_entry else "champion (none yet)"
-    lines = [f"# Evaluation on {report['images']} val images (data {report['data_version'][:12]})", "",
-             f"| metric | {title} | candidate | delta |", "|---|---:|---:|---:|"]
-    for key in ("mAP50-95", "mAP50", "mAP75", "AR100"):
-        old = champ[key] if champ else None
-        lines.append(f"| {key} | {_num(old)} | {_num(cand[key])} | {_signed(cand[key], old)} |")
-    delta = report.get("delta")
-    if delta and delta.get("ci"):
-        lo, hi = delta["ci"]
-        lines += ["", f"Paired bootstrap over val images ({delta['resamples']} resamples): candidate - champion "
-                  f"mAP50-95 {delta['mAP50-95']:+.4f}, {delta['confidence']:.0%} interval [{lo:+.4f}, {hi:+.4f}]."]
-    lines += ["", "## Per class (AP50-95)", "", f"| class | val boxes | {title} | candidate | delta |",
-              "|---|---:|---:|---:|---:|"]
-    for name, boxes in report["instances"].items():
-        old = champ["per_class"].get(name) if champ else None
-        new = cand["per_class"].get(name)
-        known = "" if not champ_entry or name in champ_entry["classes"] else " (new)"
-        lines.append(f"| {name}{known} | {boxes} | {_num(old)} | {_num(new)} | {_signed(new, old)} |")
-    lines += ["", "## Per origin batch (mAP50-95 on its val images)", "",
-              f"| batch | images | {title} | candidate | delta |", "|---|---:|---:|---:|---:|"]
-    for name, s in cand["slices"].items():
-        old = champ["slices"][name]["mAP50-95"] if champ else None
-        lines.append(f"| {name} | {s['images']} | {_num(old)} | {_num(s['mAP50-95'])} | "
-                     f"{_signed(s['mAP50-95'], old)} |")
-    return "\n".join(lines) + "\n"
+class Candidate(_Part):
+    """The candidate evaluated: its classes, image size, metrics and the sha256 of its model file."""
+
+    classes: list[str]
+    imgsz: int
+    metrics: MetricsRecord
+    sha256: str
 
 
-def plots(report: dict[str, Any], champ_ev: Any, cand_ev: Any, folder: Path) -> list[Path]:
-    """``per_class_ap.png`` (both models' AP50-95 per class) and ``pr_curve.png`` (precision-recall at IoU 0.5).
+class Champion(_Part):
+    """The registry's champion evaluated on the same images: its version, classes, image size and metrics."""
 
-    Args:
-        report: The evaluation report.
-        champ_ev: The champion's ``COCOeval``, accumulated over all val images (``None``: no champion or no detections).
-        cand_ev: The candidate's.
-        folder: Where to write.
+    version: str
+    classes: list[str]
+    imgsz: int
+    metrics: MetricsRecord
 
-    Returns:
-        The files written.
+
+class Delta(_Part):
+    """Candidate minus champion, and the paired bootstrap interval of the mAP50-95 difference."""
+
+    map: float = Field(alias="mAP50-95")
+    map50: float = Field(alias="mAP50")
+    map75: float = Field(alias="mAP75")
+    ar100: float = Field(alias="AR100")
+    ci: tuple[float, float]
+    confidence: float
+    resamples: int
+
+
+class EvalReport(Report):
+    """A finished evaluation (DVC metrics).
+
+    Attributes:
+        data_version: sha256 of the master's ``annotations.json`` (``Master.version``), as the candidate's.
+        images: Val images scored.
+        instances: Class name -> val boxes.
+        candidate: The candidate.
+        champion: The champion, or ``None`` when the registry has none.
+        delta: Candidate minus champion, or ``None`` without a champion.
+        seconds: Wall time of prediction and scoring.
     """
-    import matplotlib
 
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
+    what: ClassVar[str] = "evaluate report"
 
-    names = list(report["instances"])
-    models = [("candidate", report["candidate"]["metrics"], cand_ev)]
-    if report.get("champion"):
-        models.insert(0, (f"champion v{report['champion']['version']}", report["champion"]["metrics"], champ_ev))
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(names) + 2), 4))
-    width = 0.8 / len(models)
-    x = np.arange(len(names))
-    for i, (label, m, _) in enumerate(models):
-        ax.bar(x + i * width - 0.4 + width / 2, [max(m["per_class"].get(n, 0.0), 0.0) for n in names], width,
-               label=label)
-    ax.set_xticks(x, names, rotation=45 if len(names) > 8 else 0, ha="right" if len(names) > 8 else "center")
-    ax.set_ylabel("AP50-95")
-    ax.set_ylim(0, 1)
-    ax.set_title("AP per class on the val images")
-    ax.legend()
-    fig.tight_layout()
-    out = [folder / "per_class_ap.png"]
-    fig.savefig(out[0], dpi=100)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for label, _, ev in models:
-        recall = np.linspace(0, 1, 101)
-        if ev is None:
-            ax.plot(recall, np.zeros_like(recall), label=f"{label} (no detections)")
-            continue
-        p = ev.eval["precision"][0, :, :, 0, -1]  # IoU 0.5, area all, 100 detections
-        valid = p[:, (p > -1).all(axis=0)]
-        curve = valid.mean(axis=1) if valid.size else np.zeros(len(recall))
-        ax.plot(recall, curve, label=label)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1.02)
-    ax.set_title("Precision-recall at IoU 0.5 (mean over classes)")
-    ax.legend()
-    fig.tight_layout()
-    out.append(folder / "pr_curve.png")
-    fig.savefig(out[-1], dpi=100)
-    plt.close(fig)
-    return out
+    data_version: str
+    images: int
+    instances: dict[str, int]
+    candidate: Candidate
+    champion: Champion | None
+    delta: Delta | None
+    seconds: float

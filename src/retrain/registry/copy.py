@@ -16,8 +16,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlflow.exceptions import MlflowException
+
+from retrain.detector.files import ModelFileError, load_model_file
 from retrain.errors import RetrainError
-from retrain.registry.promote import (
+from retrain.registry.tracking import CHAMPION, champion, client, current_champion, registry_call
+from retrain.registry.versions import (
     CHALLENGER,
     TAG,
     ModelSource,
@@ -26,7 +30,6 @@ from retrain.registry.promote import (
     record_champion_move,
     redact,
 )
-from retrain.registry.tracking import CHAMPION, champion, client, current_champion, registry_call
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +65,6 @@ def copy_champion(source: str, target: str, name: str, experiment: str, root: Pa
     Raises:
         RetrainError: The two URIs are one registry, the source has no champion, or its model file is refused.
     """
-    from retrain.training.weights import ModelFileError, load_model_file
-
     if source.rstrip("/") == target.rstrip("/"):
         raise RetrainError(f"registry-copy: source and target are the same registry ({redact(source)})")
     with tempfile.TemporaryDirectory(prefix="retrain-registry-copy-") as tmp:
@@ -105,8 +106,6 @@ def copy_champion(source: str, target: str, name: str, experiment: str, root: Pa
 
 
 def _has_model(mc: object, name: str) -> bool:
-    from mlflow.exceptions import MlflowException
-
     try:
         mc.get_registered_model(name)  # type: ignore[attr-defined]
         return True

@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
+
+from mlflow.exceptions import MlflowException
 
 from retrain.errors import RetrainError
-from retrain.registry.promote import CHALLENGER, TAG, record_champion_move
 from retrain.registry.tracking import CHAMPION, client, current_champion
+from retrain.registry.versions import CHALLENGER, TAG, record_champion_move
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,6 @@ def rollback(uri: str, name: str, to: str | None = None) -> Rollback:
     Raises:
         RetrainError: No champion, no previous champion, or ``to`` is not a version of the model.
     """
-    from mlflow.exceptions import MlflowException
-
     mc = client(uri)
     now = current_champion(mc, name)
     if now is None:
@@ -72,8 +73,6 @@ def status(uri: str, name: str) -> list[dict[str, Any]]:
     Raises:
         RetrainError: The registry cannot be read.
     """
-    from mlflow.exceptions import MlflowException
-
     mc = client(uri)
     try:
         versions = mc.search_model_versions(f"name = '{name}'")
@@ -123,8 +122,6 @@ def ui_links(uri: str, name: str, version: str, ui_base: str) -> dict[str, str]:
     Returns:
         ``{"version": url, "run": url}`` (``run`` only when the version names one).
     """
-    from urllib.parse import quote
-
     base = (uri if uri.split(":", 1)[0] in ("http", "https") else ui_base).rstrip("/")
     links = {"version": f"{base}/#/models/{quote(name)}/versions/{version}"}
     mc = client(uri)

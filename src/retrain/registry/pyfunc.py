@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import base64
 import io
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
+from PIL import Image
+
+from retrain.safety import pil_open
 
 COLUMNS = ("image", "x_min", "y_min", "x_max", "y_max", "score", "class_id", "class_name")
 DEFAULT_PARAMS: dict[str, Any] = {"conf": 0.25, "iou": 0.7, "max_det": 300}
@@ -32,8 +36,6 @@ def _decode(value: Any, row: int) -> np.ndarray:
     Raises:
         ValueError: The row is not a decodable image (one line: which row, why).
     """
-    from retrain.validation.images import pil_open
-
     try:
         data = base64.b64decode(value) if isinstance(value, str) else bytes(value)
         with pil_open(io.BytesIO(data)) as im:
@@ -45,18 +47,19 @@ def _decode(value: Any, row: int) -> np.ndarray:
 class DetectorModel(PythonModel):
     """A retrain detector behind MLflow's pyfunc interface."""
 
+    # torch, ultralytics and the detector are imported when a model is loaded or run, not when promote logs this
+    # module (MLflow imports it then): seconds of imports the registry write does not need.
     def load_context(self, context: Any) -> None:
-        from pathlib import Path
-
-        from retrain.training.weights import load_model_file
+        from retrain.detector.files import load_model_file
 
         mf = load_model_file(Path(context.artifacts["weights"]))
         self.names = mf.names
         self.imgsz = mf.imgsz
         self.net = mf.build().eval()
 
-    # No type hints here: MLflow reads predict's hints as an input schema; the logged signature is the schema.
-    def predict(self, context, model_input, params=None):
+    # A DataFrame hint is one MLflow infers no schema from (the logged signature is the schema) and does not warn
+    # about, as it does about a predict with no hint at all, each time this module is imported.
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         """Detections of every image of ``model_input`` (see the module docstring)."""
         return self.detect(model_input, params)
 
@@ -65,7 +68,7 @@ class DetectorModel(PythonModel):
         import torch
         from ultralytics.data.augment import LetterBox
 
-        from retrain.evaluation.predict import postprocess
+        from retrain.detector.predict import postprocess
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame({"image": list(model_input)})
@@ -92,8 +95,6 @@ class DetectorModel(PythonModel):
 def example_input() -> pd.DataFrame:
     """A one-image request (a small grey JPEG): MLflow runs it through the model when logging and stores it as
     the model's serving example."""
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.new("RGB", (64, 48), (114, 114, 114)).save(buf, format="JPEG")
     return pd.DataFrame({"image": [buf.getvalue()]})

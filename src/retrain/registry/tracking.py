@@ -1,21 +1,26 @@
 """Where MLflow lives, and the champion's weights for a warm start.
 
 The tracking URI comes from ``MLFLOW_TRACKING_URI``; the embedded default is a sqlite store in the
-workspace (``mlflow.db``) with artifacts in ``mlartifacts/``.  A real ``mlflow server`` (Postgres, S3)
-is a change of URI.
+workspace (``mlflow.db``) with artifacts in ``mlartifacts/``.  A real ``mlflow server`` (PostgreSQL, S3)
+is a change of URI (README: production deployment).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from mlflow import MlflowClient
+from mlflow.artifacts import download_artifacts
+from mlflow.exceptions import MlflowException
+
+from retrain.detector.registered import RegisteredModel
 from retrain.errors import RetrainError, TransientError, transient_reason
 
 log = logging.getLogger(__name__)
@@ -44,8 +49,6 @@ def artifact_root(root: Path, uri: str) -> str | None:
 
 def client(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` for both tracking and the registry."""
-    from mlflow import MlflowClient
-
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -72,7 +75,7 @@ def registry_call(what: str, fn: Callable[[], T], wait: float, first_delay: floa
     Args:
         what: What the call does, for the log and the error (``register retrain-detector``).
         fn: One MLflow call (or a short sequence that is safe to repeat).
-        wait: Seconds to keep retrying (``retrain.registry_wait``).
+        wait: Seconds to keep retrying (``runtime.registry_wait``).
         first_delay: The first pause; it doubles each time.
 
     Raises:
@@ -112,8 +115,6 @@ def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
         TransientError: The registry is still busy or unreachable after ``wait`` seconds.
         RetrainError: The registry refused the read.
     """
-    from mlflow.exceptions import MlflowException
-
     def read() -> str | None:
         try:
             return str(mc.get_model_version_by_alias(model_name, CHAMPION).version)
@@ -128,39 +129,33 @@ def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
         raise RetrainError(f"model registry: cannot read {model_name}@{CHAMPION} ({e.message})") from e
 
 
-@dataclass(frozen=True)
-class Champion:
-    """The registry's champion, downloaded.
+def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> RegisteredModel | None:
+    """The champion's model file, downloaded once per version into ``dest``; ``None`` when there is no champion yet.
 
-    Attributes:
-        version: Its model version.
-        weights: A local copy of its retrain model file.
-    """
-
-    version: str
-    weights: Path
-
-
-def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> Champion | None:
-    """Download the weights of ``models:/<model_name>@champion``; ``None`` when there is no champion yet.
+    The download of a version is kept (``dest/v<N>``, marked complete with its file's sha256), so the stages of one
+    cycle (train, then evaluate) fetch it once; a folder of another version, or one whose file changed, is replaced.
 
     Args:
         uri: Tracking URI.
         model_name: Registered model name.
-        dest: Folder to download into.
+        dest: Folder to download into (the workspace's ``.cache/champion``).
         wait: Seconds to retry while the registry is busy or unreachable.
 
     Raises:
         RetrainError: The registry cannot be reached, or the champion has no retrain model file.
     """
-    from mlflow.artifacts import download_artifacts
-
     mc = client(uri)
     version = current_champion(mc, model_name, wait)
     if version is None:
         return None
-    shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
     where = dest / f"v{version}"
+    done = where / ".complete"
+    if done.is_file():
+        kept = where / done.read_text().split(" ", 1)[-1].strip()
+        if kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == done.read_text().split(" ", 1)[0]:
+            log.info("champion: %s version %s (downloaded before)", model_name, version)
+            return RegisteredModel(model_name, version, kept)
+    shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
     where.mkdir(parents=True)
     # The version's own artifact URI from this registry: a ``models:/`` URI would be resolved against MLflow's
     # default registry (MLFLOW_REGISTRY_URI, else ./mlflow.db of the current folder), not necessarily ``uri``.
@@ -171,5 +166,6 @@ def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> Champi
     found = sorted(local.rglob(WEIGHTS_NAME))
     if not found:
         raise RetrainError(f"model registry: {model_name} version {version} has no {WEIGHTS_NAME}")
+    done.write_text(f"{hashlib.sha256(found[0].read_bytes()).hexdigest()} {found[0].relative_to(where)}")
     log.info("champion: %s version %s", model_name, version)
-    return Champion(version, found[0])
+    return RegisteredModel(model_name, version, found[0])

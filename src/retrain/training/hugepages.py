@@ -5,11 +5,11 @@ With 4 KiB pages every pass through them walks the page tables again; with 2 MiB
 kernel backs memory with huge pages only where the process asks (``madvise``, this machine's and most
 distributions' default mode), and glibc's malloc asks only when its ``glibc.malloc.hugetlb=1`` tunable is set,
 which glibc reads once, when the process starts.  So ``retrain train`` sets it and re-executes itself (same pid,
-same arguments) before anything heavy is imported.  A yolo11n training step (imgsz 320, batch 16, 2 CPU cores)
-took 4-6% less time with it, in alternating runs; ``bench/train_throughput.py`` trains ours with it, as here.
+same arguments) before anything heavy is imported.  What a step gains by it is in ``bench/RESULTS.md`` ("measured
+in development"); ``bench/train_throughput.py`` trains ours with it, as here.
 
 Nothing is changed where it would do nothing or could not work: another OS or C library, glibc older than 2.35,
-the kernel's THP mode ``always`` (the heap gets huge pages anyway) or ``never``, ``train.hugepages: off``, or the
+the kernel's THP mode ``always`` (the heap gets huge pages anyway) or ``never``, ``runtime.hugepages: off``, or the
 tunable already set (by the user, or by the first execution).  Only this process and its children (DDP ranks,
 loader workers) are affected.  This module imports nothing heavy: it runs before torch is loaded.
 """
@@ -60,12 +60,12 @@ def why_not(setting: str, mode: str | None = None, glibc: tuple[int, int] | None
     """Why huge pages are not asked for (a phrase for the log), or None when they should be.
 
     Args:
-        setting: ``train.hugepages`` (``auto`` or ``off``).
+        setting: ``runtime.hugepages`` (``auto`` or ``off``).
         mode: The kernel's THP mode (default: read it).
         glibc: glibc's version (default: this process's).
     """
     if setting == "off":
-        return "train.hugepages is off"
+        return "runtime.hugepages is off"
     if sys.platform != "linux":
         return f"not Linux ({sys.platform})"
     glibc = glibc if glibc is not None else glibc_version()

@@ -8,7 +8,6 @@ ranks' detections, so each computes the same score.
 from __future__ import annotations
 
 import math
-from copy import deepcopy
 from typing import Any
 
 import pytorch_lightning as pl
@@ -18,24 +17,10 @@ from torch import nn
 from ultralytics.nn.tasks import DetectionModel
 
 from retrain.config import TrainParams
-from retrain.evaluation.coco_eval import CocoMetrics, evaluate, ground_truth
-from retrain.evaluation.predict import postprocess
-from retrain.training.data import Master, hyperparameters
-
-
-def build_model(model_yaml: str | dict[str, Any], names: tuple[str, ...] | list[str]) -> DetectionModel:
-    """An untrained ``DetectionModel`` for ``names`` from an ultralytics yaml name or dict (nothing downloaded).
-
-    Built in ultralytics' restricted mode: nothing of the yaml is ``eval()``ed, and its layers must be nn.Modules
-    (a model file's yaml comes with the file, which may be hostile).
-    """
-    from retrain.training.weights import no_eval
-
-    cfg = deepcopy(model_yaml) if isinstance(model_yaml, dict) else model_yaml
-    with no_eval():
-        model = DetectionModel(cfg=cfg, ch=3, nc=len(names), verbose=False)
-    model.names = dict(enumerate(names))
-    return model
+from retrain.data.loading import hyperparameters
+from retrain.data.master import Master
+from retrain.detector.predict import postprocess
+from retrain.metrics.coco import CocoMetrics, ground_truth, score
 
 
 def make_optimizer(p: TrainParams, groups: list[dict[str, Any]], precision: str) -> torch.optim.Optimizer:
@@ -111,7 +96,7 @@ class DetectorModule(pl.LightningModule):
                 for d in part:
                     seen.setdefault(d["image_id"], []).append(d)
             dets = _dedupe(seen)
-        m = evaluate(self.gt, dets)
+        m = score(self.gt, dets).overall
         self.last_metrics = m
         self.log_dict({"val/mAP50-95": m.map, "val/mAP50": m.map50, "val/mAP75": m.map75, "val/AR100": m.ar100},
                       prog_bar=False, sync_dist=False, rank_zero_only=False)

@@ -1,10 +1,11 @@
 """``retrain train``: fine-tune a candidate on the whole master (old and new batches together).
 
-The run: resolve the warm start (the registry's champion, else ``base_model``, else scratch); resume from
+The run: resolve the warm start (the champion it is given, else ``base_model``, else scratch); resume from
 ``models/checkpoints/last.ckpt`` when it was written for the same data and params (falling back to
 ``last.prev.ckpt`` when the newest is damaged, starting fresh, and saying why, when they differ); fit with
 Lightning; score the best checkpoint's EMA and raw weights with pycocotools; export the EMA weights as a
-small, safe model file in ``models/candidate/``; write ``reports/train.json``.
+small, safe model file in ``models/candidate/``; write ``reports/train.json``.  The champion and where the MLflow run
+goes come in from the command that runs the stage (it resolves them in the registry); this stage reads no registry.
 """
 
 from __future__ import annotations
@@ -20,23 +21,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytorch_lightning as pl
 import torch
+from pytorch_lightning.loggers import CSVLogger, MLFlowLogger
 
 from retrain.config import Params, TrainParams
+from retrain.data.master import Master, load_master, verify_images
+from retrain.detector.files import ModelFile, load_model_file, save_model_file, warm_start
+from retrain.detector.model import build_model
+from retrain.detector.predict import predict_loader
+from retrain.detector.registered import RegisteredModel
+from retrain.device import cpu_threads
 from retrain.errors import RetrainError
-from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
+from retrain.fsutil import replace_dir
+from retrain.metrics.coco import MetricsRecord, score
 from retrain.paths import Paths
 from retrain.training import hugepages
 from retrain.training.callbacks import LAST, PREVIOUS
-from retrain.training.data import Master, MasterDataModule, load_master, verify_images
-from retrain.training.weights import ModelFile, load_model_file, save_model_file, warm_start
+from retrain.training.datamodule import MasterDataModule
+from retrain.training.module import DetectorModule
+from retrain.training.report import TrainReport
+from retrain.training.trainer import build_trainer, keep_freed_memory, use_channels_last
+from retrain.validation.verdict import Verdict
 from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
-
-#: Params that change speed, not results: a resume stays valid when only these differ.
-_SPEED_ONLY = {"workers", "threads", "hugepages"}
-
 
 class CheckpointError(RetrainError):
     """Every checkpoint of the interrupted run is damaged: resuming is impossible, restarting is not silent."""
@@ -52,13 +61,30 @@ class TrainResult:
     """
 
     candidate: Path
-    report: dict[str, Any]
+    report: TrainReport
+
+
+@dataclass(frozen=True)
+class RunLog:
+    """Where the training's MLflow run goes (Lightning's ``MLFlowLogger``).
+
+    Attributes:
+        tracking_uri: The tracking store.
+        artifact_location: Artifact location for a new experiment (``None``: the tracking server decides).
+        experiment: Experiment name.
+    """
+
+    tracking_uri: str
+    artifact_location: str | None
+    experiment: str
 
 
 def fingerprint(data_version: str, params: TrainParams, base: dict[str, Any]) -> dict[str, str]:
-    """What a checkpoint must match to be resumed: data version, params hash, warm-start source."""
-    knobs = {k: v for k, v in params.model_dump(mode="json").items() if k not in _SPEED_ONLY}
-    text = json.dumps({"params": knobs, "base": base}, sort_keys=True)
+    """What a checkpoint must match to be resumed: data version, params hash, warm-start source.
+
+    Only the ``train`` section counts: the ``runtime`` section (threads, loaders, cache) changes speed, not results.
+    """
+    text = json.dumps({"params": params.model_dump(mode="json"), "base": base}, sort_keys=True)
     return {"data_version": data_version, "params": hashlib.sha256(text.encode()).hexdigest()[:16],
             "base": json.dumps(base, sort_keys=True)}
 
@@ -107,18 +133,13 @@ def find_resume(ckpt_dir: Path, fp: dict[str, str]) -> tuple[Path | None, dict[s
     return None, {}
 
 
-def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[str, Any]]:
-    """The warm-start weights: the registry's champion, else ``train.base_model``, else none (scratch)."""
-    from retrain.registry.tracking import champion, tracking_uri
-
-    if params.train.use_champion:
-        ch = champion(tracking_uri(paths.root), params.registry.model_name, paths.cache / "champion",
-                      params.retrain.registry_wait)
-        if ch is not None:
-            log.info("warm start from the champion: models:/%s@champion (version %s)", params.registry.model_name,
-                     ch.version)
-            return load_model_file(ch.weights), {"kind": "champion", "model": params.registry.model_name,
-                                                 "version": ch.version}
+def resolve_base(paths: Paths, params: Params, champion: RegisteredModel | None
+                 ) -> tuple[ModelFile | None, dict[str, Any]]:
+    """The warm-start weights: the champion, else ``train.base_model``, else none (scratch)."""
+    if params.train.use_champion and champion is not None:
+        log.info("warm start from the champion: models:/%s@champion (version %s)", champion.name, champion.version)
+        return load_model_file(champion.weights), {"kind": "champion", "model": champion.name,
+                                                   "version": champion.version}
     if params.train.base_model:
         path = (paths.root / params.train.base_model).resolve()
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
@@ -132,11 +153,8 @@ def resolve_base(paths: Paths, params: Params) -> tuple[ModelFile | None, dict[s
 
 def _require_validated(paths: Paths, version: str) -> None:
     """Training reads only a master that ``retrain validate`` passed (``reports/validated.json`` names it)."""
-    try:
-        verdict = json.loads(paths.validation_verdict.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        verdict = {}
-    if not isinstance(verdict, dict) or verdict.get("master") != version or verdict.get("passed") is not True:
+    verdict = Verdict.find(paths.validation_verdict)
+    if verdict is None or verdict.master != version or not verdict.passed:
         raise RetrainError(f"{paths.master}: this master has not passed validation ({paths.validation_verdict} "
                            "does not name it); run 'retrain validate' (dvc repro runs it before train)")
 
@@ -166,33 +184,26 @@ def _metrics_until(path: Path, step: int) -> list[dict[str, float]]:
     return [r for r in rows if r.get("step", step) < step]
 
 
-def _loggers(paths: Paths, params: Params, fp: dict[str, str], run_id: str | None, resumed_step: int | None
+def _loggers(paths: Paths, run_log: RunLog, fp: dict[str, str], run_id: str | None, resumed_step: int | None
              ) -> list[Any]:
-    from pytorch_lightning.loggers import CSVLogger, MLFlowLogger
-
-    from retrain.registry.tracking import artifact_root, tracking_uri
-
     kept = [] if resumed_step is None else _metrics_until(paths.train_metrics, resumed_step)
     table = CSVLogger(save_dir=str(paths.reports), name="train", version="", flush_logs_every_n_steps=1)
     if kept and _is_main_process():  # Lightning empties the file on start; a resumed run keeps its epochs
         table.experiment.metrics[:0] = kept
-    mlf = MLFlowLogger(experiment_name=params.registry.experiment, tracking_uri=tracking_uri(paths.root),
+    mlf = MLFlowLogger(experiment_name=run_log.experiment, tracking_uri=run_log.tracking_uri,
                        run_name=f"train data {fp['data_version'][:12]}", run_id=run_id,
-                       artifact_location=artifact_root(paths.root, tracking_uri(paths.root)),
+                       artifact_location=run_log.artifact_location,
                        tags={"retrain.stage": "train", "retrain.data_version": fp["data_version"],
                              "retrain.params_hash": fp["params"]})
     return [mlf, table]
 
 
 def _score(module: Any, loader: Any, dm: MasterDataModule, sd: dict[str, torch.Tensor], p: TrainParams
-           ) -> dict[str, Any]:
-    from retrain.evaluation.coco_eval import evaluate
-    from retrain.evaluation.predict import predict_loader
-
+           ) -> MetricsRecord:
     module.model.load_state_dict(_model_state(sd))
     dets = predict_loader(module.model, loader, dm.val_image_ids, dm.master.category_ids,
                           p.nms_conf, p.nms_iou, p.max_det)
-    return evaluate(module.gt, dets).to_json()
+    return score(module.gt, dets).record()
 
 
 def _export(paths: Paths, master: Master, p: TrainParams, sd: dict[str, torch.Tensor], yaml: dict[str, Any],
@@ -203,12 +214,15 @@ def _export(paths: Paths, master: Master, p: TrainParams, sd: dict[str, torch.Te
     return paths.candidate / "model.pt"
 
 
-def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> TrainResult | None:
+def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_log: RunLog,
+          callbacks: list[Any] | None = None) -> TrainResult | None:
     """Train a candidate on ``data/master`` and export it to ``models/candidate/model.pt``.
 
     Args:
         paths: The workspace.
-        params: All params (``train`` and ``registry`` are used).
+        params: All params (``train``; ``runtime`` for threads, loaders and the image cache).
+        champion: The registry's champion to warm-start from, or ``None``.
+        run_log: Where the MLflow run goes.
         callbacks: More Lightning callbacks (the throughput benchmark's timer, for instance).
 
     Returns:
@@ -217,39 +231,34 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     Raises:
         RetrainError: No master, an unsafe or damaged model file, every checkpoint damaged.
     """
-    from retrain.training.module import DetectorModule, build_model
-    from retrain.training.trainer import build_trainer, cpu_threads, keep_freed_memory, use_channels_last
-
     require_workspace(paths)
     p = params.train
-    torch.set_num_threads(cpu_threads(p))  # importing ultralytics set OMP_NUM_THREADS=1
+    torch.set_num_threads(cpu_threads(params.runtime))  # importing ultralytics set OMP_NUM_THREADS=1
     keep_freed_memory()  # steady training steps without page faults
-    log.info(hugepages.describe(p.hugepages))
+    log.info(hugepages.describe(params.runtime.hugepages))
     master = load_master(paths.master, paths.data)
     _require_validated(paths, master.version)
     log.info("data: %d images re-hashed, all as ingested", verify_images(master))
-    base, base_info = resolve_base(paths, params)
+    base, base_info = resolve_base(paths, params, champion)
     fp = fingerprint(master.version, p, base_info)
     resume, meta = find_resume(paths.checkpoints, fp)
     if resume is None and _is_main_process():
         shutil.rmtree(paths.checkpoints, ignore_errors=True)  # a fresh run: nothing of an older one may be read
-    import pytorch_lightning as pl
-
     pl.seed_everything(p.seed, workers=True, verbose=False)  # the initial weights and fresh head rows too
     model = build_model(p.model, master.names)
     transfer = warm_start(model, base) if base is not None and resume is None else None
-    dm = MasterDataModule(master, p, paths.cache)
+    dm = MasterDataModule(master, p, params.runtime, paths.cache)
     dm.setup("fit")
     channels_last = use_channels_last(p, model, paths.cache / "memory-format.json")
     run_p = p.model_copy(update={"channels_last": "on" if channels_last else "off"})
     if base is not None and p.warmup_bias_lr:
         # A warm start's biases are fitted already: a high warm-up LR on them (50x lr for AdamW) undid most of a
-        # champion's old-class AP in the first epoch (0.40 -> 0.10 in the warm-start test). They warm up from 0.
+        # champion's old-class AP in the first epoch (bench/RESULTS.md, "measured in development"). They warm up from 0.
         log.info("warm start: biases warm up from 0, not from warmup_bias_lr %g", p.warmup_bias_lr)
         run_p = run_p.model_copy(update={"warmup_bias_lr": 0.0})
     module = DetectorModule(model, master, run_p)
     module.image_ids = dm.val_image_ids
-    loggers = _loggers(paths, params, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
+    loggers = _loggers(paths, run_log, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
     trainer = build_trainer(p, paths.checkpoints, loggers, callbacks)
     t0 = time.perf_counter()
@@ -261,17 +270,18 @@ def train(paths: Paths, params: Params, callbacks: list[Any] | None = None) -> T
     ck = torch.load(best if best.is_file() else paths.checkpoints / LAST, map_location="cpu", weights_only=True)
     loader = dm.eval_dataloader()  # one loader (its worker processes start once) for both scorings
     ema, raw = _score(module, loader, dm, ck["state_dict"], p), _score(module, loader, dm, ck["current_model_state"], p)
-    report = {"data_version": master.version, "params_hash": fp["params"], "warm_start": base_info,
-              "transferred": None if transfer is None else vars(transfer) | {"kept_classes": list(
-                  transfer.kept_classes), "new_classes": list(transfer.new_classes)},
-              "resumed_from": str(resume.name) if resume else None, "epochs": trainer.current_epoch,
-              "best_epoch": int(ck["epoch"]) + 1, "seconds": round(seconds, 1), "ema": ema, "raw": raw,
-              "mlflow_run_id": loggers[0].run_id, "precision": str(trainer.precision), "classes": list(master.names)}
-    candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report)  # type: ignore[arg-type]
-    write_atomic(paths.train_report, dumps_canonical(report))
-    loggers[0].log_metrics({"final/ema_mAP50-95": ema["mAP50-95"], "final/raw_mAP50-95": raw["mAP50-95"]})
+    report = TrainReport(
+        data_version=master.version, params_hash=fp["params"], warm_start=base_info,
+        transferred=None if transfer is None else vars(transfer) | {"kept_classes": list(transfer.kept_classes),
+                                                                    "new_classes": list(transfer.new_classes)},
+        resumed_from=str(resume.name) if resume else None, epochs=trainer.current_epoch,
+        best_epoch=int(ck["epoch"]) + 1, seconds=round(seconds, 1), ema=ema, raw=raw,
+        mlflow_run_id=loggers[0].run_id, precision=str(trainer.precision), classes=list(master.names))
+    candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report.to_json())  # type: ignore[arg-type]
+    report.write(paths.train_report)
+    loggers[0].log_metrics({"final/ema_mAP50-95": ema.map, "final/raw_mAP50-95": raw.map})
     for name in (LAST, PREVIOUS):  # finished: nothing left to resume; best.ckpt stays for inspection
         (paths.checkpoints / name).unlink(missing_ok=True)
-    log.info("candidate %s: EMA mAP50-95 %.4f (raw %.4f), mAP50 %.4f, best epoch %d of %d", candidate,
-             ema["mAP50-95"], raw["mAP50-95"], ema["mAP50"], report["best_epoch"], report["epochs"])
+    log.debug("candidate %s: EMA mAP50-95 %.4f (raw %.4f), mAP50 %.4f, best epoch %d of %d", candidate,
+             ema.map, raw.map, ema.map50, report.best_epoch, report.epochs)
     return TrainResult(candidate, report)

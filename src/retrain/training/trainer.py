@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,22 +19,37 @@ import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
 from retrain.config import TrainParams
+from retrain.device import on_cuda
 from retrain.fsutil import write_atomic
 from retrain.training.callbacks import LAST, AtomicCheckpointIO, FaultPoints, WarmupEMA
 
 log = logging.getLogger(__name__)
 
+
+class _NotForOurUsers(logging.Filter):
+    """Lightning's advertisement for its cloud logger (a run's log is no place for it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet_third_party() -> None:
+    """Filter, at their sources, the lines of our libraries that say nothing about this run (idempotent).
+
+    - Lightning's LitLogger tip (``rank_zero_info`` on every ``Trainer``);
+    - the ``FutureWarning`` torch raises when Lightning's ``_pytree`` builds a ``LeafSpec`` (torch deprecated the
+      class Lightning 2.6 still uses; nothing to change on our side);
+    - Lightning's CSV logger warning that a resumed run's ``reports/train/`` "will be deleted" (the rows before the
+      resumed step are put back: ``train._loggers``).
+    """
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+    rank_zero = logging.getLogger("pytorch_lightning.utilities.rank_zero")
+    if not any(isinstance(f, _NotForOurUsers) for f in rank_zero.filters):
+        rank_zero.addFilter(_NotForOurUsers())
+
 MONITOR = "val/mAP50-95"
-
-
-def cpu_threads(params: TrainParams) -> int:
-    """Threads for torch: ``params.threads``, else the cores this process may run on."""
-    return params.threads or len(os.sched_getaffinity(0))
-
-
-def on_cuda(params: TrainParams) -> bool:
-    """Whether this run trains on a CUDA GPU (the accelerator allows it and one is present)."""
-    return params.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
 def keep_freed_memory() -> bool:
@@ -41,7 +57,7 @@ def keep_freed_memory() -> bool:
 
     Every training step frees and reallocates the same activation buffers (tens of MB each).  By default glibc
     serves blocks over its mmap threshold with fresh ``mmap`` calls and trims its heap, so each step page-faults
-    its buffers in again: about 400,000 faults per 3 steps of yolo11n at imgsz 320 here, 5% of the step's time.
+    its buffers in again (the count and its share of a step: ``bench/RESULTS.md``, "measured in development").
     Raising the mmap threshold to its maximum (32 MiB on 64-bit) and the trim threshold to 1 GiB makes steady
     steps fault-free; the process keeps its peak heap, as a training process does anyway.  It is PyTorch's CPU
     tuning advice (there: jemalloc/tcmalloc), done with ``mallopt`` so nothing must be preloaded.
@@ -75,7 +91,7 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
     """Whether to train in channels_last memory format.
 
     ``auto``: on CUDA, yes (faster convolutions there).  On a CPU it depends on the processor (oneDNN's NHWC
-    kernels were 1.17x faster for yolo11n on a Xeon with AMX, and may be slower elsewhere), so one training step
+    kernels won on a Xeon with AMX and may lose elsewhere: ``bench/RESULTS.md``), so one training step
     of ``model`` is timed in both formats, once per processor, torch version, thread count, model and size; the
     answer is cached in ``cache`` (a JSON file), so a resumed run makes the same choice.  A run of several
     processes (DDP) on CPUs trains in NCHW: DDP needs one format on every rank, and ranks on other machines would
@@ -156,6 +172,7 @@ def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any],
     ]
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="epoch"))
+    quiet_third_party()
     return pl.Trainer(
         accelerator=params.accelerator, devices=params.devices, strategy=params.strategy, num_nodes=params.num_nodes,
         precision=resolve_precision(params),  # type: ignore[arg-type]

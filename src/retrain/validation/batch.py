@@ -8,25 +8,16 @@ or the problems that refuse it.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from retrain.config import ValidateParams
-from retrain.data.formats import SourceBatch
+from retrain.data.formats import SourceBatch, ValidBatch
 from retrain.errors import Problem
 from retrain.validation.images import ImageResult, check_files
 from retrain.validation.tables import box_table, image_table
-
-
-@dataclass(frozen=True)
-class ValidBatch:
-    """A batch that passed: its COCO document and, per image id, the file to copy."""
-
-    coco: dict[str, Any]
-    sources: dict[int, Path]
 
 
 def _image_problems(batch: SourceBatch, res: ImageResult, base: Path, label_file: str) -> Problem:
@@ -38,12 +29,14 @@ def _image_problems(batch: SourceBatch, res: ImageResult, base: Path, label_file
     return Problem(batch.rel(res.path) if res.path else res.name, res.rule, res.message)
 
 
-def validate_batch(batch: SourceBatch, params: ValidateParams) -> tuple[ValidBatch | None, list[Problem]]:
+def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
+                   ) -> tuple[ValidBatch | None, list[Problem]]:
     """Check a batch as read: its files, then its tables.
 
     Args:
         batch: The batch from a format reader (its reader problems are included in the answer).
         params: The ``validate`` section.
+        workers: Processes checking images (``runtime.check_workers``; 0 = one per CPU core).
 
     Returns:
         ``(ValidBatch, [])`` when it passes, else ``(None, problems)``.
@@ -57,7 +50,7 @@ def validate_batch(batch: SourceBatch, params: ValidateParams) -> tuple[ValidBat
     results: dict[int, ImageResult] = {}
     for base, ks in by_root.items():
         for k, res in zip(ks, check_files(batch.root, base, [batch.images[k].name for k in ks],
-                                          params.max_image_pixels, params.workers), strict=True):
+                                          params.max_image_pixels, workers), strict=True):
             results[k] = res
             if res.info is None:
                 problems.append(_image_problems(batch, res, base, batch.images[k].label_file))
@@ -84,6 +77,7 @@ def validate_batch(batch: SourceBatch, params: ValidateParams) -> tuple[ValidBat
     decoded = {results[k].info.sha256: (results[k].info.width, results[k].info.height)  # type: ignore[union-attr]
                for k in results if results[k].info is not None}
     if images:
+        # great-expectations takes seconds to import (these modules import it): only a batch with images gets here.
         from retrain.validation.gx import run_rules
         from retrain.validation.suite import batch_rules
 

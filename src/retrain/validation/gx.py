@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from retrain.validation.datadocs import localize
 from retrain.validation.report import CheckResult
 from retrain.validation.suite import Rule
 
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def _context(docs_dir: Path | None) -> Any:
+    # great-expectations is imported here, not at the top: it takes seconds, and it reads GX_ANALYTICS_ENABLED then.
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")  # nothing leaves this machine
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -79,7 +81,7 @@ def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int 
     Returns:
         One result per rule, in the rules' order.
     """
-    import great_expectations as gx
+    import great_expectations as gx  # after _context has set its environment (above)
 
     ctx = _context(docs_dir)
     source = ctx.data_sources.add_pandas("retrain")
@@ -106,7 +108,5 @@ def run_rules(rules: list[Rule], tables: dict[str, pd.DataFrame], examples: int 
                 i = er.expectation_config.meta["retrain_index"]
                 by_idx[i] = _result(mine[i], er, df, examples)
     if docs_dir is not None and (docs_dir / "index.html").is_file():
-        from retrain.validation.datadocs import localize
-
         localize(docs_dir)  # the pages load their scripts from CDNs: offline, the index would list nothing
     return [by_idx[i] for i in sorted(by_idx)]

@@ -13,42 +13,23 @@ import hashlib
 import io
 import json
 import os
-import stat
-import sys
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
 from retrain.fsutil import write_atomic
+from retrain.safety import UnsafePath, pil_open, safe_member
 
 #: Formats PIL may decode for us; anything else named .jpg is refused.
 ALLOWED_FORMATS = frozenset({"JPEG", "PNG", "BMP", "WEBP", "TIFF", "MPO"})
 
 
-
-def pil_open(fp: io.BytesIO) -> Image.Image:
-    """PIL's own ``Image.open``, also when ultralytics has been imported in this process.
-
-    Importing ultralytics replaces ``PIL.Image.open`` with a wrapper that, on an unidentified file, installs and
-    registers the HEIF plugin (``check_requirements('pi-heif')``: a pip install at run time, or a
-    ``ModuleNotFoundError`` offline).  A validator must never install anything, and HEIF is not an accepted
-    format, so the check calls the original function that the wrapper keeps.
-    """
-    patches = sys.modules.get("ultralytics.utils.patches")
-    opener = getattr(patches, "_image_open", None) if patches is not None else None
-    return (opener or Image.open)(fp)
-
-
 # EXIF orientations 5..8 rotate by 90 degrees: the displayed size is the stored size transposed.
 _TRANSPOSING = frozenset({5, 6, 7, 8})
-
-
-class UnsafePath(ValueError):
-    """A file name that is empty, absolute, escapes its root, is missing or is no regular file."""
 
 
 class BadImage(ValueError):
@@ -74,39 +55,6 @@ class ImageResult:
     info: ImageInfo | None
     rule: str = ""
     message: str = ""
-
-
-def safe_member(root: Path, base: Path, name: str) -> Path:
-    """Resolve a file name and make sure it stays inside ``root``.
-
-    Args:
-        root: The folder nothing may escape (resolved).
-        base: The folder ``name`` is relative to.
-        name: The name as written.
-
-    Returns:
-        The resolved path of a regular file inside ``root``.
-
-    Raises:
-        UnsafePath: Why the name is refused.
-    """
-    if not name or "\x00" in name:
-        raise UnsafePath("empty file name")
-    if PurePosixPath(name).is_absolute() or PureWindowsPath(name).is_absolute() or PureWindowsPath(name).drive:
-        raise UnsafePath("absolute path: files must be named relative to the batch")
-    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        raise UnsafePath("'..' in path: files must stay inside the batch")
-    try:
-        resolved = (base / name).resolve(strict=True)
-    except FileNotFoundError as e:
-        raise UnsafePath("file not found") from e
-    except (OSError, RuntimeError) as e:  # RuntimeError: symlink loop
-        raise UnsafePath(f"cannot be resolved ({e})") from e
-    if not resolved.is_relative_to(root):
-        raise UnsafePath(f"resolves outside the batch (to {resolved}); symlinks must stay inside the batch")
-    if not stat.S_ISREG(resolved.stat().st_mode):
-        raise UnsafePath("not a regular file (directory, FIFO or device)")
-    return resolved
 
 
 def inspect_image(path: Path, max_pixels: int | None = None) -> ImageInfo:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
 
 from retrain.errors import Problem
+from retrain.reports import Report
 
 
 @dataclass(frozen=True)
@@ -61,15 +64,34 @@ class ValidationReport:
     def passed(self) -> bool:
         return not self.failed
 
-    def to_json(self) -> dict[str, Any]:
-        """The report as written to ``reports/validation.json``: counts first (DVC metrics), then every check."""
+    def record(self) -> ValidationRecord:
+        """The report as written to ``reports/validation.json``: counts (DVC metrics), then every check."""
         counts = {s: sum(1 for c in self.checks if c.status == s) for s in ("pass", "warn", "fail")}
-        return {
-            "passed": self.passed,
-            "counts": {"checks": len(self.checks), "passed": counts["pass"], "warnings": counts["warn"],
-                       "failures": counts["fail"]},
-            "checks": [_jsonable(asdict(c)) for c in self.checks],
-        }
+        return ValidationRecord(
+            passed=self.passed, counts=Counts(checks=len(self.checks), passed=counts["pass"],
+                                              warnings=counts["warn"], failures=counts["fail"]),
+            checks=[_jsonable(asdict(c)) for c in self.checks])
+
+
+class Counts(BaseModel):
+    """How many checks ran, passed, warned and failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    checks: int
+    passed: int
+    warnings: int
+    failures: int
+
+
+class ValidationRecord(Report):
+    """``reports/validation.json`` (DVC metrics): the verdict, the counts, and every check with its examples."""
+
+    what: ClassVar[str] = "validation report"
+
+    passed: bool
+    counts: Counts
+    checks: list[dict[str, Any]]
 
 
 def _jsonable(o: Any) -> Any:

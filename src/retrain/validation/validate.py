@@ -18,13 +18,14 @@ import orjson
 
 from retrain.config import ValidateParams
 from retrain.errors import RetrainError
-from retrain.fsutil import dumps_canonical, replace_dir, write_atomic
+from retrain.fsutil import replace_dir
 from retrain.paths import Paths
 from retrain.validation.gx import run_rules
 from retrain.validation.images import ImageCheckCache, ImageResult, check_files
 from retrain.validation.report import CheckResult, ValidationReport
 from retrain.validation.suite import master_rules
 from retrain.validation.tables import box_table, class_table, image_table
+from retrain.validation.verdict import Verdict
 from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
@@ -65,12 +66,13 @@ def _drift_tables(coco: dict[str, Any], boxes: Any) -> tuple[Any, dict[int, floa
     return new.reset_index(drop=True), {int(c): n / total for c, n in counts.items()}
 
 
-def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
+def validate_master(paths: Paths, params: ValidateParams, workers: int = 0) -> ValidationReport:
     """Validate ``data/master`` and write the report and the Data Docs.
 
     Args:
         paths: The workspace.
         params: The ``validate`` section of params.
+        workers: Processes checking images (``runtime.check_workers``; 0 = one per CPU core).
 
     Returns:
         The report (also written to ``reports/validation.json``).
@@ -89,7 +91,7 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
         raise RetrainError(f"{ann_file}: the master has no images; ingest a batch, then merge")
     cache = ImageCheckCache(paths.cache / "image-checks.json")
     names = [im["file_name"] for im in coco["images"]]
-    results = check_files(paths.data.resolve(), paths.data, names, params.max_image_pixels, params.workers,
+    results = check_files(paths.data.resolve(), paths.data, names, params.max_image_pixels, workers,
                           known={im["file_name"]: im["sha256"] for im in coco["images"]}, cache=cache)
     cache.save()
     decoded = {r.info.sha256: (r.info.width, r.info.height) for r in results if r.info is not None}
@@ -107,12 +109,9 @@ def validate_master(paths: Paths, params: ValidateParams) -> ValidationReport:
     finally:
         shutil.rmtree(docs, ignore_errors=True)
     report = ValidationReport(tuple(file_checks(results, coco, params.examples) + checks))
-    write_atomic(paths.validation_report, dumps_canonical(report.to_json()))
+    report.record().write(paths.validation_report)
     if report.passed:
-        # What training checks, and DVC's train stage depends on: it changes only when the master does, so a
-        # changed validation threshold reruns validate without retraining.
-        write_atomic(paths.validation_verdict, dumps_canonical({"master": hashlib.sha256(raw).hexdigest(),
-                                                                "passed": True}))
-    log.info("validation: %d checks, %d warnings, %d failures", len(report.checks), len(report.warned),
+        Verdict(master=hashlib.sha256(raw).hexdigest(), passed=True).write(paths.validation_verdict)
+    log.debug("validation: %d checks, %d warnings, %d failures", len(report.checks), len(report.warned),
              len(report.failed))
     return report

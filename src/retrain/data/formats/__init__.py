@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from retrain.data.formats.coco import find_annotation_file, read_coco
-from retrain.data.formats.model import IMAGE_SUFFIXES, SourceBatch, SourceBox, SourceImage
+from retrain.data.formats.model import IMAGE_SUFFIXES, SourceBatch, SourceBox, SourceImage, ValidBatch
 from retrain.data.formats.voc import read_voc
 from retrain.data.formats.yolo import read_yolo
 
 FORMATS = ("coco", "yolo", "voc")
 
-__all__ = ["FORMATS", "IMAGE_SUFFIXES", "SourceBatch", "SourceBox", "SourceImage", "detect_format", "read_batch"]
+__all__ = ["FORMATS", "IMAGE_SUFFIXES", "SourceBatch", "SourceBox", "SourceImage", "ValidBatch", "detect_format",
+           "read_batch"]
 
 
 def detect_format(root: Path) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from retrain.errors import Problem
 
@@ -100,3 +100,11 @@ def list_image_files(directory: Path) -> list[Path]:
         if p.suffix.lower() in IMAGE_SUFFIXES and not p.is_dir():
             out.append(p)
     return out
+
+
+@dataclass(frozen=True)
+class ValidBatch:
+    """A batch that passed the batch checks: its COCO document and, per image id, the file to copy."""
+
+    coco: dict[str, Any]
+    sources: dict[int, Path]

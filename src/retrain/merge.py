@@ -190,7 +190,7 @@ def merge(paths: Paths, params: MergeParams) -> MergeResult:
         raise
     write_atomic(paths.merge_report, dumps_canonical(result.report))
     t = result.report["totals"]
-    log.info("master: %d images, %d boxes, %d classes from %d batches (%d duplicate images, %d label conflicts)",
+    log.debug("master: %d images, %d boxes, %d classes from %d batches (%d duplicate images, %d label conflicts)",
              t["images"], t["boxes"], t["classes"], t["batches"], t["duplicates"], t["conflicts"])
     return result
 

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from retrain.config import IngestParams, ValidateParams
+from retrain.config import Params
 from retrain.data import canonical
 from retrain.data.formats import FORMATS, read_batch
 from retrain.errors import BatchRejected, Problem, RetrainError
@@ -112,15 +112,14 @@ def _admit(paths: Paths, name: str, stage: Path) -> None:
         raise
 
 
-def ingest(paths: Paths, source: Path, params: IngestParams, checks: ValidateParams, name: str | None = None,
-           fmt: str = "auto") -> IngestResult:
+def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, fmt: str = "auto") -> IngestResult:
     """Check a batch and, if it passes, add it to ``data/batches`` as an immutable DVC-tracked batch.
 
     Args:
         paths: The workspace.
         source: The batch folder (COCO JSON, YOLO txt or Pascal VOC).
-        params: The ``ingest`` section of params.
-        checks: The ``validate`` section of params (the batch checks are the batch half of validation).
+        params: All params: ``ingest``; ``validate`` (the batch checks are the batch half of validation);
+            ``runtime.check_workers``.
         name: Name in ``data/batches``; default the folder's name.
         fmt: ``auto``, ``coco``, ``yolo`` or ``voc``.
 
@@ -144,9 +143,9 @@ def ingest(paths: Paths, source: Path, params: IngestParams, checks: ValidatePar
         raise RetrainError(f"{source}: is already inside data/batches; ingest from outside the workspace's batches")
 
     parsed = read_batch(root, fmt)
-    valid, problems = validate_batch(parsed, checks)
+    valid, problems = validate_batch(parsed, params.validation, params.runtime.check_workers)
     if valid is None:
-        raise BatchRejected(name, problems, params.max_problems_shown)
+        raise BatchRejected(name, problems, params.ingest.max_problems_shown)
     batch = canonical.build(valid)
     notes = tuple(parsed.notes)
     counts = (len(batch.coco["images"]), len(batch.coco["annotations"]))
@@ -154,7 +153,7 @@ def ingest(paths: Paths, source: Path, params: IngestParams, checks: ValidatePar
     existing = canonical.ingested_batches(paths.batches)
     for _, meta in existing:
         if meta.content_sha256 == batch.content_sha256:
-            log.info("batch %s: same content as ingested batch %s; nothing changed", name, meta.name)
+            log.debug("batch %s: same content as ingested batch %s; nothing changed", name, meta.name)
             return IngestResult(meta.name, False, *counts, notes)
     remove_unadmitted(paths)
     if paths.batch(name).exists() or paths.batch_dvc_file(name).exists():
@@ -163,6 +162,6 @@ def ingest(paths: Paths, source: Path, params: IngestParams, checks: ValidatePar
     seq = max((m.seq for _, m in existing), default=0) + 1
     stage = _write_batch(paths, name, parsed.format, batch, notes, seq)
     _admit(paths, name, stage)
-    log.info("batch %s admitted: %d images, %d boxes, %d classes (%s)", name, *counts,
+    log.debug("batch %s admitted: %d images, %d boxes, %d classes (%s)", name, *counts,
              len(parsed.categories), parsed.format)
     return IngestResult(name, True, *counts, notes)

@@ -7,14 +7,16 @@ a candidate on old + new data that is compared with the champion and promoted or
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from flows.api import connect
+from flows.retrain import outcome, retrain
+from flows.summary import RunSummary
 from retrain.data.sample import generate
 from retrain.paths import Paths
-from retrain.workspace import commit, dvc, init_workspace, require_workspace
+from retrain.workspace import commit, dvc, init_workspace, require_workspace, set_params
 
 #: The demo's batches are small (40 images): at the default batch of 16 an epoch is 2 optimizer steps and the first
 #: model learns nothing in 30 epochs; at 8 it reaches mAP50-95 ~0.6 in the same time.
@@ -22,14 +24,8 @@ DEMO_BATCH = 8
 
 
 def _demo_params(paths: Paths) -> None:
-    """Set ``train.batch`` for the demo's small batches, keeping params.yaml's comments; commit it."""
-    text = paths.params.read_text(encoding="utf-8")
-    head, sep, rest = text.partition("\ntrain:")
-    train, nxt, tail = rest.partition("\nevaluate:")
-    edited = re.sub(r"(?m)^  batch: 16$", f"  batch: {DEMO_BATCH}", train, count=1)
-    if not sep or edited == train:
-        return  # params were edited by hand: leave them alone
-    paths.params.write_text(head + sep + edited + nxt + tail, encoding="utf-8")
+    """Set ``train.batch`` for the demo's small batches (params.yaml's comments kept); commit it."""
+    set_params(paths, {"train.batch": DEMO_BATCH})
     commit(paths, f"demo: train.batch {DEMO_BATCH} for 40-image batches")
 
 
@@ -52,9 +48,6 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
     Raises:
         RetrainError: A flow run failed (its reason), or Prefect's API cannot be had (``PrefectUnavailable``).
     """
-    from flows.api import connect
-    from flows.retrain import outcome, retrain
-
     connect()  # Prefect's API first: if it cannot be had, one line and nothing made
     paths = Paths.at(workspace)
     if not (paths.root / ".dvc").is_dir():
@@ -69,12 +62,9 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
         shutil.rmtree(arrived, ignore_errors=True)
         shutil.move(str(s.path), str(arrived))
         yield f"batch {s.path.name} arrived in {paths.incoming} ({s.images} images, classes {', '.join(s.classes)})"
-        r = outcome(retrain(project=str(paths.root), return_state=True))
-        decision = ("nothing to retrain" if r["nothing_to_retrain"] else
-                    "promoted: champion" if r["promoted"] else "refused: " + "; ".join(r["reasons"]) if r["version"]
-                    else "no new model")
-        rows.append((s.path.name, (r.get("data_version") or "-")[:12], f"v{r['version']}" if r["version"] else "-",
-                     _map(r.get("champion_map")), _map(r.get("candidate_map")), decision))
+        r = RunSummary.of(outcome(retrain(project=str(paths.root), return_state=True)))
+        rows.append((s.path.name, (r.data_dvc_md5 or "-")[:12], f"v{r.version}" if r.version else "-",
+                     _map(r.champion_map), _map(r.candidate_map), r.decision()))
     yield ""
     yield f"{'run':<9} {'data version':<13} {'model':<6} {'champion':>8} {'candidate':>9}  decision (mAP50-95)"
     for row in rows:

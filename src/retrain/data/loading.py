@@ -1,23 +1,21 @@
-"""The master dataset as ultralytics datasets, in a ``LightningDataModule``.
+"""The master's images as ultralytics datasets: letterbox, augmentations, mosaic, and the image cache.
 
 Labels come from ``data/master/annotations.json`` in memory: ultralytics never scans label files, so it
 writes no ``labels.cache`` and repairs no JPEG next to the DVC-tracked batches.  Its disk image cache
-(``.npy`` files) is redirected to the workspace's ``.cache/images``, keyed by each image's sha256.
+(``.npy`` files) is redirected to the workspace's ``.cache/images``, keyed by each image's sha256.  Training
+(``training/datamodule.py``) and prediction on a split (``detector/predict.py``) read the master through these.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import random
 from copy import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import psutil
 import pytorch_lightning as pl
 import torch
@@ -25,92 +23,16 @@ from torch.utils.data import DataLoader, Sampler
 from ultralytics.cfg import get_cfg
 from ultralytics.data.dataset import YOLODataset
 
-from retrain.config import TrainParams
-from retrain.errors import RetrainError, ValidationFailed
-from retrain.training.trainer import on_cuda
-from retrain.validation.images import UnsafePath, safe_member
+from retrain.config import RuntimeParams, TrainParams
+from retrain.data.master import Master
+from retrain.device import on_cuda
+from retrain.errors import RetrainError
+from retrain.safety import UnsafePath, safe_member
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Master:
-    """The master dataset as training reads it.
-
-    Attributes:
-        doc: The master COCO document.
-        names: Class names, in class-index order (sorted by category id).
-        category_ids: COCO category id of each class index.
-        version: sha256 of ``annotations.json``: it names every image by content, so it fixes the data.
-        data_root: The folder image file names are relative to.
-    """
-
-    doc: dict[str, Any]
-    names: tuple[str, ...]
-    category_ids: tuple[int, ...]
-    version: str
-    data_root: Path
-
-    def images(self, split: str) -> list[dict[str, Any]]:
-        """The images of one split."""
-        return [im for im in self.doc["images"] if im.get("split") == split]
-
-
-def load_master(master_dir: Path, data_root: Path) -> Master:
-    """Read the master written by ``retrain merge``.
-
-    Raises:
-        RetrainError: There is no master, or it has no train or no val images.
-    """
-    ann = master_dir / "annotations.json"
-    if not ann.is_file():
-        raise RetrainError(f"{ann}: no master dataset; run 'retrain merge' (or 'dvc repro') first")
-    raw = ann.read_bytes()
-    doc = orjson.loads(raw)
-    cats = sorted(doc["categories"], key=lambda c: c["id"])
-    master = Master(doc, tuple(c["name"] for c in cats), tuple(c["id"] for c in cats),
-                    hashlib.sha256(raw).hexdigest(), data_root.resolve())
-    for split in ("train", "val"):
-        if not master.images(split):
-            raise RetrainError(f"{ann}: the master has no {split} images; ingest more data before training")
-    return master
-
-
-def verify_images(master: Master, max_shown: int = 5) -> int:
-    """Re-hash every image of the master and compare it with the sha256 recorded when its batch was ingested.
-
-    What training reads is then exactly what was ingested, validated and versioned: a flipped byte in a file (or
-    in the DVC cache object a link type shares with it) stops the run instead of training on it.
-
-    Returns:
-        The number of images checked.
-
-    Raises:
-        RetrainError: One line per damaged or missing image (the first ``max_shown``), then what to do.
-    """
-    bad: list[str] = []
-    for im in master.doc["images"]:
-        path = master.data_root / im["file_name"]
-        try:
-            with path.open("rb") as f:
-                got = hashlib.file_digest(f, "sha256").hexdigest()
-        except OSError as e:
-            bad.append(f"{im['file_name']}: [image-sha256] cannot be read ({e.strerror or e})")
-            continue
-        if got != im["sha256"]:
-            bad.append(f"{im['file_name']}: [image-sha256] sha256 {got[:12]}..., ingested {im['sha256'][:12]}...: "
-                       "the file (or the DVC cache object linked to it) is damaged")
-    if bad:
-        lines = bad[:max_shown]
-        if len(bad) > max_shown:
-            lines.append(f"... and {len(bad) - max_shown} more damaged image(s)")
-        raise ValidationFailed([*lines, f"{len(bad)} of {len(master.doc['images'])} images differ from what was "
-                                "ingested; nothing was trained. Restore them from the DVC remote (delete the "
-                                "damaged files and their cache objects, then 'dvc pull --force')"])
-    return len(master.doc["images"])
-
-
-def _labels(master: Master, images: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def labels_for(master: Master, images: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """ultralytics label dicts (normalised xywh, class index) for ``images``."""
     index = {c: i for i, c in enumerate(master.category_ids)}
     by_image: dict[int, list[dict[str, Any]]] = {}
@@ -217,7 +139,7 @@ def _memory_headroom() -> tuple[int, str]:
 
 
 #: Room left to training itself after the cache is chosen: what it maps later (optimizer state, EMA, loggers and
-#: MLflow's client, threads' arenas, activations).  Measured 0.6-0.9 GiB for yolo11n at imgsz 64-320 on CPU.
+#: MLflow's client, threads' arenas, activations); what yolo11n took: ``bench/RESULTS.md``, "measured in development".
 TRAINING_ROOM = 1 << 30
 
 
@@ -260,11 +182,17 @@ def choose_cache(mode: str, images: list[dict[str, Any]], imgsz: int, workers: i
 
 
 def hyperparameters(params: TrainParams) -> Any:
-    """ultralytics' hyperparameter namespace: its defaults, our augmentations and image size."""
+    """ultralytics' hyperparameter namespace: its defaults, our augmentations and image size.
+
+    ``deterministic`` is off: it is ultralytics' trainer's switch (``torch.use_deterministic_algorithms``), which
+    Lightning's loop never reads; in a dataset it only warns that a RAM cache "may produce non-deterministic
+    training results", which is not so here (every epoch draws from (seed, epoch) alone, ``MasterDataset``; the
+    kill test resumes to the unbroken run's losses).
+    """
     aug = params.augment.model_dump()
     aug.pop("close_mosaic")
     return get_cfg(overrides={**aug, "imgsz": params.imgsz, "close_mosaic": params.augment.close_mosaic,
-                              "batch": params.batch, "plots": False})
+                              "batch": params.batch, "plots": False, "deterministic": False})
 
 
 class EpochSampler(Sampler[tuple[int, int, int]]):
@@ -302,77 +230,60 @@ class EpochSampler(Sampler[tuple[int, int, int]]):
         return self.per_rank
 
 
-def loader_workers(params: TrainParams) -> int:
-    """Dataloader processes: ``params.workers``, or for ``auto`` none on a CPU and min(8, cores) with a GPU.
+def loader_workers(runtime: RuntimeParams, train: TrainParams) -> int:
+    """Dataloader processes: ``runtime.workers``, or for ``auto`` none on a CPU and min(8, cores) with a GPU.
 
-    On a CPU the training step is compute-bound (loading and augmenting a batch of the sample data took 3% of a
-    step), so a loader process only takes cores from the step; with a GPU the loaders keep it fed.
+    On a CPU the training step is compute-bound (loading and augmenting a batch is a few percent of a step:
+    ``bench/RESULTS.md``), so a loader process only takes cores from the step; with a GPU the loaders keep it fed.
     """
-    if params.workers != "auto":
-        return params.workers
-    return min(8, len(os.sched_getaffinity(0))) if on_cuda(params) else 0
+    if runtime.workers != "auto":
+        return runtime.workers
+    return min(8, len(os.sched_getaffinity(0))) if on_cuda(train) else 0
 
 
-class MasterDataModule(pl.LightningDataModule):
-    """Train and val loaders over the whole master (every batch, old and new)."""
+class SplitReader:
+    """Datasets and loaders over the master's splits, as training and prediction read them.
 
-    def __init__(self, master: Master, params: TrainParams, cache_dir: Path) -> None:
-        super().__init__()
-        params = params.model_copy(update={"workers": loader_workers(params)})
+    Args:
+        master: The master dataset.
+        params: The ``train`` section (image size, batch, seed, augmentations, epochs for closing mosaic).
+        runtime: The ``runtime`` section (loader processes, image cache).
+        cache_dir: The workspace's cache folder (decoded images go to its ``images/``).
+    """
+
+    def __init__(self, master: Master, params: TrainParams, runtime: RuntimeParams, cache_dir: Path) -> None:
         self.master, self.params, self.cache_dir = master, params, cache_dir
+        self.workers = loader_workers(runtime, params)
+        self.cache_mode = runtime.cache
         self.hyp = hyperparameters(params)
-        self.train_set: MasterDataset | None = None
-        self.val_set: MasterDataset | None = None
-        self.val_image_ids: dict[str, int] = {}
 
-    def _dataset(self, split: str, augment: bool, cache: str) -> MasterDataset:
+    def cache_for(self, splits: tuple[str, ...]) -> str:
+        """The image cache mode for reading ``splits`` (``choose_cache`` over their images)."""
+        images = [im for s in splits for im in self.master.images(s)]
+        return choose_cache(self.cache_mode, images, self.params.imgsz, self.workers)
+
+    def dataset(self, split: str, augment: bool, cache: str) -> MasterDataset:
+        """One split as an ultralytics dataset (augmented for training, letterboxed only otherwise)."""
         images = self.master.images(split)
-        close = self.params.augment.close_mosaic
-        return MasterDataset(_labels(self.master, images), [im["sha256"] for im in images], self.cache_dir / "images",
-                             seed=self.params.seed, close_from=self.params.epochs - close if close else None,
+        p, close = self.params, self.params.augment.close_mosaic
+        return MasterDataset(labels_for(self.master, images), [im["sha256"] for im in images],
+                             self.cache_dir / "images", seed=p.seed, close_from=p.epochs - close if close else None,
                              data={"names": dict(enumerate(self.master.names)), "channels": 3}, task="detect",
-                             imgsz=self.params.imgsz, cache=None if cache == "none" else cache, augment=augment,
-                             hyp=copy(self.hyp), prefix=f"{split}: ", rect=False, batch_size=self.params.batch,
+                             imgsz=p.imgsz, cache=None if cache == "none" else cache, augment=augment,
+                             hyp=copy(self.hyp), prefix=f"{split}: ", rect=False, batch_size=p.batch,
                              stride=32, pad=0.0 if augment else 0.5)
 
-    def setup(self, stage: str) -> None:
-        """``fit``: train and val sets; ``validate``: the val set only (``retrain evaluate``)."""
-        if self.val_set is not None and (self.train_set is not None or stage == "validate"):
-            return
-        images = self.master.doc["images"] if stage == "fit" else self.master.images("val")
-        cache = choose_cache(self.params.cache, images, self.params.imgsz, int(self.params.workers))
-        if stage == "fit":
-            self.train_set = self._dataset("train", True, cache)
-        self.val_set = self._dataset("val", False, cache)
-        self.val_image_ids = {lb["im_file"]: im["id"] for lb, im in
-                              zip(self.val_set.labels, self.master.images("val"), strict=True)}
-
-    def _loader(self, ds: MasterDataset | None, train: bool, shard: bool = True) -> DataLoader[Any]:
-        assert ds is not None, "setup() first"
-        trainer = self.trainer
-        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None and shard else (0, 1)
-        sampler = EpochSampler(len(ds), self.params.seed, shuffle=train,
-                               on_epoch=self.log_epoch if train else None, rank=rank, world=world)
+    def loader(self, ds: MasterDataset, train: bool, rank: int = 0, world: int = 1, on_epoch: Any = None
+               ) -> DataLoader[Any]:
+        """Batches of ``ds``: shuffled per (seed, epoch) for training, in order otherwise; ``rank``'s shard."""
+        sampler = EpochSampler(len(ds), self.params.seed, shuffle=train, on_epoch=on_epoch, rank=rank, world=world)
         if world > 1 and train:
             log.info("rank %d of %d reads %d of the %d training images an epoch (every %d-th of the epoch's order)",
                      rank, world, len(sampler), len(ds), world)
-        workers = int(self.params.workers)
-        return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=workers,
-                          persistent_workers=workers > 0, collate_fn=YOLODataset.collate_fn, pin_memory=False,
+        return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=self.workers,
+                          persistent_workers=self.workers > 0, collate_fn=YOLODataset.collate_fn, pin_memory=False,
                           drop_last=False)
 
-    def train_dataloader(self) -> DataLoader[Any]:
-        return self._loader(self.train_set, True)
-
-    def val_dataloader(self) -> DataLoader[Any]:
-        return self._loader(self.val_set, False)
-
-    def eval_dataloader(self) -> DataLoader[Any]:
-        """Every val image in one process (scoring after the fit), whatever the world size."""
-        return self._loader(self.val_set, False, shard=False)
-
-    def log_epoch(self, epoch: int) -> None:
-        """Say when mosaic turns off (the loader processes turn it off, see ``MasterDataset.start_epoch``)."""
-        close = self.params.augment.close_mosaic
-        if close and epoch == max(0, self.params.epochs - close):
-            log.info("epoch %d: mosaic off for the last %d epochs", epoch + 1, close)
+    def image_ids(self, ds: MasterDataset, split: str) -> dict[str, int]:
+        """Image file as the loader names it -> the master's COCO image id."""
+        return {lb["im_file"]: im["id"] for lb, im in zip(ds.labels, self.master.images(split), strict=True)}

@@ -1,4 +1,4 @@
-"""Predictions of a ``DetectionModel`` on a collated ultralytics batch, as COCO result dicts.
+"""Predictions of a detector as COCO result dicts: on a collated batch, on a loader, on a split of the master.
 
 ultralytics' own NMS (evaluation settings from params) and ``scale_boxes`` map the letterboxed
 boxes back to each original image, as its validator does.
@@ -7,11 +7,28 @@ boxes back to each original image, as its validator does.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from ultralytics.utils import ops
 from ultralytics.utils.nms import non_max_suppression
+
+from retrain.config import RuntimeParams, TrainParams
+from retrain.data.loading import SplitReader
+from retrain.data.master import Master
+from retrain.detector.files import ModelFile
+from retrain.device import on_cuda
+
+
+@dataclass(frozen=True)
+class Nms:
+    """NMS settings: confidence threshold, IoU threshold, detections kept per image."""
+
+    conf: float
+    iou: float
+    max_det: int
 
 
 def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], category_ids: Sequence[int],
@@ -60,3 +77,27 @@ def predict_loader(model: torch.nn.Module, loader: Any, image_ids: Mapping[str, 
         ids = [image_ids[f] for f in batch["im_file"]]
         dets.extend(postprocess(model(img), batch, ids, category_ids, conf, iou, max_det))
     return dets
+
+
+def category_ids_for(model_names: Sequence[str], master: Master) -> list[int]:
+    """The master's category id of each of a model's classes, matched by name (-1: the master has no such class)."""
+    by_name = dict(zip(master.names, master.category_ids, strict=True))
+    return [by_name.get(n, -1) for n in model_names]
+
+
+@torch.no_grad()
+def predict_split(mf: ModelFile, master: Master, split: str, nms: Nms, batch: int, train: TrainParams,
+                  runtime: RuntimeParams, cache_dir: Path) -> list[dict[str, Any]]:
+    """One model file's detections on one split of the master, as COCO result dicts.
+
+    The images are letterboxed to the model's own ``imgsz`` (no decoded-image cache); its classes are mapped to the
+    master's by name; it runs where training would (``train.accelerator``).
+    """
+    tp = train.model_copy(update={"imgsz": mf.imgsz, "batch": batch})
+    reader = SplitReader(master, tp, runtime.model_copy(update={"cache": "none"}), cache_dir)
+    ds = reader.dataset(split, augment=False, cache="none")
+    model = mf.build()
+    if on_cuda(tp):
+        model = model.cuda()
+    return predict_loader(model, reader.loader(ds, train=False), reader.image_ids(ds, split),
+                          category_ids_for(mf.names, master), nms.conf, nms.iou, nms.max_det)

@@ -1,4 +1,4 @@
-"""Model files: the exported candidate, ultralytics ``.pt`` files, and the warm start.
+"""Model files: a retrain model file (the candidate, the champion), ultralytics ``.pt`` files, and the warm start.
 
 A candidate is one ``torch.save`` of plain data (state dict, model yaml, class names, imgsz, data version),
 so it loads with ``weights_only=True``: no pickled objects, nothing executed.  An ultralytics ``.pt`` is a
@@ -14,12 +14,10 @@ whose yaml does not build that way is refused when it is loaded.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import torch
 from ultralytics.nn.tasks import DetectionModel
 
+from retrain.detector.model import build_model, no_eval
 from retrain.errors import RetrainError
 
 log = logging.getLogger(__name__)
@@ -40,20 +39,6 @@ _ALLOWED_PREFIXES = ("torch.nn.modules.", "torch.nn.parameter.", "ultralytics.nn
 #: ``ultralytics.nn.autobackend.AutoBackend``, whose constructor, called by a pickle, loads any file unsafely).
 _LAYER_MODULES = ("torch.nn.modules.", "ultralytics.nn.modules.", "ultralytics.nn.tasks")
 _DATA_CLASSES = ("collections.OrderedDict", "ultralytics.utils.IterableSimpleNamespace", "torch.nn.parameter.")
-
-
-@contextlib.contextmanager
-def no_eval() -> Iterator[None]:
-    """ultralytics' restricted mode for this thread: ``parse_model`` evaluates nothing and builds only nn.Module
-    layers (the mode its own ``weights_only`` loading uses)."""
-    from ultralytics.nn.tasks import _SafeLoad
-
-    before = getattr(_SafeLoad._local, "active", False)
-    _SafeLoad._local.active = True
-    try:
-        yield
-    finally:
-        _SafeLoad._local.active = before
 
 
 class ModelFileError(RetrainError):
@@ -80,8 +65,6 @@ class ModelFile:
 
     def build(self) -> DetectionModel:
         """The network with these weights loaded (strictly)."""
-        from retrain.training.module import build_model
-
         model = build_model(self.yaml, self.names)
         model.load_state_dict(self.state_dict, strict=True)
         return model

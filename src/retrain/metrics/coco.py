@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
+from pydantic import BaseModel, ConfigDict, Field
 
 
 @dataclass(frozen=True)
@@ -116,17 +117,79 @@ def summarize(gt: COCO, ev: COCOeval | None, image_ids: Iterable[int] | None = N
                        _per_class(ev, names), len(ids))
 
 
-def evaluate(gt: COCO, detections: Iterable[Mapping[str, Any]]) -> CocoMetrics:
-    """Run ``COCOeval`` (bbox) of ``detections`` against ``gt``.
+@dataclass(frozen=True)
+class Score:
+    """Detections scored against a ground truth: overall, per slice (a subset of images), and the matches.
+
+    Attributes:
+        overall: The metrics over every image.
+        slices: Slice name -> the metrics over its images (the same per-image matches, re-accumulated).
+        detections: How many detections were scored.
+        ev: The evaluated ``COCOeval`` (its matches feed the bootstrap, its curves the plots); ``None`` when
+            nothing could be matched.
+    """
+
+    overall: CocoMetrics
+    slices: dict[str, CocoMetrics]
+    detections: int
+    ev: COCOeval | None
+
+    def record(self) -> MetricsRecord:
+        """The report form: the overall numbers, each slice's, and the count of detections."""
+        return MetricsRecord.model_validate({**self.overall.to_json(), "detections": self.detections, "slices": {
+            name: m.to_json() for name, m in self.slices.items()}})
+
+
+class SliceMetrics(BaseModel):
+    """COCO metrics as reports hold them, keys as written (``mAP50-95``...); -1 where nothing has ground truth.
+
+    Attributes:
+        map: mAP at IoU 0.50:0.95 (``mAP50-95``); ``map50``, ``map75``, ``ar100`` likewise.
+        images: Images scored.
+        per_class: Class name -> AP50-95 (-1: no ground truth of that class here).
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    map: float = Field(alias="mAP50-95")
+    map50: float = Field(alias="mAP50")
+    map75: float = Field(alias="mAP75")
+    ar100: float = Field(alias="AR100")
+    images: int
+    per_class: dict[str, float]
+
+
+class MetricsRecord(SliceMetrics):
+    """A model's metrics in a report (``reports/train.json``, ``reports/eval.json``): overall, per slice.
+
+    Attributes:
+        slices: Slice name (origin batch) -> its metrics; empty where none were asked for.
+        detections: Detections scored.
+    """
+
+    slices: dict[str, SliceMetrics] = {}
+    detections: int = 0
+
+
+def score(gt: COCO, detections: Iterable[Mapping[str, Any]],
+          slices: Mapping[str, Iterable[int]] | None = None) -> Score:
+    """The one scoring path: ``COCOeval`` (bbox) of ``detections`` against ``gt``, overall and per slice.
+
+    Training's validation, training's final scoring of the EMA and raw weights, and the evaluate stage all call it.
 
     Args:
         gt: The ground-truth index.
-        detections: COCO result dicts; may be empty.
+        detections: COCO result dicts; may be empty (every class with ground truth then scores 0).
+        slices: Named subsets of the images (origin batches), each scored from the same matches.
 
     Returns:
-        The metrics; all zero when there are no detections.
+        The score.
     """
-    return summarize(gt, run_cocoeval(gt, detections))
+    dets = [dict(d) for d in detections]
+    ev = run_cocoeval(gt, dets)
+    parts = {name: summarize(gt, ev, ids) for name, ids in (slices or {}).items()}
+    overall = summarize(gt, ev)  # last: ev.eval then holds all images' curves (for the plots)
+    return Score(overall, parts, len(dets), ev)
 
 
 def _per_class(ev: COCOeval, names: Mapping[int, str]) -> dict[str, float]:

@@ -1,0 +1,1 @@
+"""Scoring with pycocotools (COCOeval), per class and per slice, and the paired bootstrap of a difference."""

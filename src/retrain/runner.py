@@ -1,0 +1,155 @@
+"""The thin layer that runs a stage for the command line: it resolves what the stage takes, calls it, and words
+the result for the terminal.
+
+The stages take their inputs: ``train`` and ``evaluate`` receive the champion's model file (resolved here, once
+per version, through ``registry``) and never read the registry themselves; ``train`` receives where its MLflow run
+goes.  A workspace with no batch yet gets each stage's "no data" record instead (``nodata.py``).  Each function
+returns the lines to print; failures are ``RetrainError`` (one line each, from ``console.run``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from retrain import codeversions, nodata
+from retrain.config import Params
+from retrain.detector.registered import RegisteredModel
+from retrain.errors import ValidationFailed
+from retrain.paths import Paths
+
+if TYPE_CHECKING:
+    from retrain.training.train import RunLog
+
+# Each function imports its stage when it runs: a stage command is a process of its own (under `dvc repro`), and the
+# stages' libraries (torch and ultralytics, MLflow, great-expectations) take seconds each to import.
+
+log = logging.getLogger(__name__)
+
+
+def champion(paths: Paths, params: Params) -> RegisteredModel | None:
+    """``models:/<registry.model_name>@champion`` as a local model file (downloaded once per version), or ``None``."""
+    from retrain.registry import tracking
+
+    return tracking.champion(tracking.tracking_uri(paths.root), params.registry.model_name,
+                             paths.cache / "champion", params.runtime.registry_wait)
+
+
+def run_log(paths: Paths, params: Params) -> RunLog:
+    """Where the training's MLflow run goes: this workspace's tracking URI and, for a local store, its artifacts."""
+    from retrain.registry import tracking
+    from retrain.training.train import RunLog
+
+    uri = tracking.tracking_uri(paths.root)
+    return RunLog(uri, tracking.artifact_root(paths.root, uri), params.registry.experiment)
+
+
+def _nothing_yet(paths: Paths, stage: str) -> bool:
+    """No batch yet: record ``stage``'s outputs as "no data" so that ``dvc repro`` ends cleanly (``nodata.py``)."""
+    if not nodata.no_batch_yet(paths):
+        return False
+    nodata.record(paths, stage)
+    log.debug("%s: %s; its outputs record that", stage, nodata.REASON)
+    return True
+
+
+def run_ingest(paths: Paths, params: Params, source: Path, name: str | None, fmt: str) -> list[str]:
+    """``retrain ingest``."""
+    from retrain.ingest import ingest
+
+    result = ingest(paths, source, params, name, fmt)
+    codeversions.record(paths)  # what `dvc repro` after it compares against
+    lines = [f"note: batch {result.name}: {note}" for note in result.notes]
+    if result.added:
+        return [*lines, f"batch {result.name} added: {result.images} images, {result.boxes} boxes"]
+    return [*lines, f"batch {result.name} already ingested with the same content; nothing changed"]
+
+
+def run_merge(paths: Paths, params: Params) -> list[str]:
+    """``retrain merge`` (a DVC stage)."""
+    from retrain.merge import merge
+
+    t = merge(paths, params.merge).report["totals"]
+    if nodata.no_batch_yet(paths):
+        return [nodata.NOTHING_YET]
+    return [f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
+            f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)"]
+
+
+def run_validate(paths: Paths, params: Params) -> Iterator[str]:
+    """``retrain validate`` (a DVC stage): warnings first, then the summary; a failed check raises
+    ``ValidationFailed`` with one line per failing row."""
+    if _nothing_yet(paths, "validate"):
+        return
+    from retrain.validation.validate import validate_master
+
+    report = validate_master(paths, params.validation, params.runtime.check_workers)
+    for check in report.warned:
+        for p in check.problems():
+            yield f"warning: {p.file}: [{p.rule}] {p.message}"
+    failed = [f"{p.file}: [{p.rule}] {p.message}" for c in report.failed for p in c.problems()]
+    summary = (f"validation: {len(report.checks)} checks, {len(report.warned)} warnings, {len(report.failed)} "
+               f"failures; report {paths.validation_report}, Data Docs {paths.validation_docs / 'index.html'}")
+    if failed:
+        raise ValidationFailed([*failed, summary])
+    yield summary
+
+
+def run_train(paths: Paths, params: Params) -> list[str]:
+    """``retrain train`` (a DVC stage); nothing on the other ranks of a multi-process run."""
+    if _nothing_yet(paths, "train"):
+        return []
+    from retrain.training.train import train
+
+    result = train(paths, params, champion(paths, params) if params.train.use_champion else None,
+                   run_log(paths, params))
+    if result is None:  # another rank of a multi-process run
+        return []
+    r = result.report
+    return [f"candidate {result.candidate}: mAP50-95 {r.ema.map:.4f} (EMA; raw {r.raw.map:.4f}), mAP50 "
+            f"{r.ema.map50:.4f}, best epoch {r.best_epoch} of {r.epochs}; report {paths.train_report}"]
+
+
+def run_evaluate(paths: Paths, params: Params) -> list[str]:
+    """``retrain evaluate`` (a DVC stage)."""
+    if _nothing_yet(paths, "evaluate"):
+        return []
+    from retrain.evaluation.evaluate import evaluate_models
+
+    r = evaluate_models(paths, params, champion(paths, params))
+    cand = r.candidate.metrics
+    line = f"candidate: mAP50-95 {cand.map:.4f}, mAP50 {cand.map50:.4f} on {r.images} val images"
+    if r.champion is not None and r.delta is not None:
+        d = r.delta
+        line += (f"; champion (version {r.champion.version}): {r.champion.metrics.map:.4f}; delta {d.map:+.4f}, "
+                 f"{d.confidence:.0%} interval [{d.ci[0]:+.4f}, {d.ci[1]:+.4f}]")
+    else:
+        line += "; no champion yet"
+    return [f"{line}; report {paths.eval_markdown}"]
+
+
+def run_promote(paths: Paths, params: Params) -> list[str]:
+    """``retrain promote`` (a DVC stage)."""
+    if _nothing_yet(paths, "promote"):
+        return []
+    from retrain.promotion.promote import promote
+
+    result = promote(paths, params)
+    name = params.registry.model_name
+    if result.decision.promote:
+        lines = [f"{name} version {result.version} registered and promoted: it is {name}@champion"]
+    else:
+        lines = [f"{name} version {result.version} registered as {name}@challenger, not promoted:"]
+        lines += [f"  - {reason}" for reason in result.decision.reasons]
+    return lines + [f"note: {note}" for note in result.decision.notes]
+
+
+def run_code_versions(paths: Paths) -> list[str]:
+    """``retrain code-versions``: record the installed code's versions; which stages they make stale."""
+    changed = codeversions.record(paths)
+    if not changed:
+        return [f"{codeversions.FILE}: the installed code is what it records; no stage is stale for code"]
+    return [f"{codeversions.FILE}: new code for {', '.join(changed)}: 'dvc repro' (or 'retrain run') reruns "
+            "those stages"]

@@ -1,0 +1,45 @@
+"""``reports/train.json``: what ``retrain train`` wrote, as the other stages and the flow read it."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from retrain.metrics.coco import MetricsRecord
+from retrain.reports import Report
+
+
+class TrainReport(Report):
+    """A finished training (DVC metrics).
+
+    Attributes:
+        data_version: sha256 of the master's ``annotations.json`` it trained on (``Master.version``).
+        params_hash: Hash of the ``train`` params that change results (with the warm start).
+        warm_start: Where the first weights came from: ``{"kind": "champion"|"file"|"scratch", ...}``.
+        transferred: What the warm start carried over (tensors, kept and new classes); ``None`` when resumed or
+            from scratch.
+        resumed_from: The checkpoint it resumed from, if any.
+        epochs: Epochs trained (early stopping may end sooner than ``train.epochs``).
+        best_epoch: The epoch of the best val mAP50-95 (the exported weights).
+        seconds: Wall time of the fit.
+        ema: The best checkpoint's EMA weights on the val split (exported as the candidate).
+        raw: Its raw weights on the same images.
+        mlflow_run_id: The MLflow run of this training.
+        precision: Lightning's precision (``32-true``, ``bf16-mixed``).
+        classes: Class names, in class-index order.
+    """
+
+    what: ClassVar[str] = "train report"
+
+    data_version: str
+    params_hash: str
+    warm_start: dict[str, Any]
+    transferred: dict[str, Any] | None
+    resumed_from: str | None
+    epochs: int
+    best_epoch: int
+    seconds: float
+    ema: MetricsRecord
+    raw: MetricsRecord
+    mlflow_run_id: str | None
+    precision: str
+    classes: list[str]
