@@ -100,7 +100,8 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     # What the UI's log shows a user: no library noise, and no stage line twice (a log record and the command's
     # printed result saying the same).
     logs = flow_run_logs(first.state.state_details.flow_run_id)
-    noise = ("litlogger", "LeafSpec", "non-deterministic", "Overriding model.yaml", "Experiment logs directory")
+    noise = ("litlogger", "LeafSpec", "non-deterministic", "Overriding model.yaml", "Experiment logs directory",
+             "Add type hints", "Warning", "warn(")
     assert not [m for m in logs if any(n in m for n in noise)], [m for m in logs if any(n in m for n in noise)]
     records = {m.split(": ", 1)[1] for m in logs if re.match(r"^(INFO|WARNING) retrain[.a-z_]*: ", m)}
     twice = [m for m in logs if m in records or any(m.startswith(r) and len(r) > 20 for r in records)]
