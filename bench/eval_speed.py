@@ -22,9 +22,10 @@ import time
 from typing import Any
 
 import numpy as np
+from common import cpu_model
 
-from retrain.evaluation.bootstrap import matches, paired_delta_interval, resampled_map
-from retrain.evaluation.coco_eval import ground_truth, run_cocoeval, summarize
+from retrain.metrics.bootstrap import matches, paired_delta_interval, resampled_map
+from retrain.metrics.coco import ground_truth, run_cocoeval, summarize
 
 W_IMG, H_IMG = 640.0, 480.0
 
@@ -71,15 +72,6 @@ def synthetic(images: int, classes: int, seed: int) -> tuple[dict[str, Any], dic
             dets[model] += [{"image_id": img, "category_id": int(k), "bbox": [float(v) for v in b], "score": float(s)}
                             for b, k, s in zip(box, c, score, strict=True)]
     return doc, dets
-
-
-def cpu_model() -> str:
-    """The CPU's model name (as ``lscpu`` shows it), or the architecture where /proc/cpuinfo is missing."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ os.environ["YOLO_CONFIG_DIR"] = tempfile.mkdtemp(prefix="ultralytics-config-")  
 atexit.register(shutil.rmtree, os.environ["YOLO_CONFIG_DIR"], ignore_errors=True)
 
 sys.path.insert(0, str(HERE))
-from merge_scaling import machine, update_results_md  # noqa: E402
+from common import machine, update_results_md  # noqa: E402
 
 TOLERANCE = 0.01
 
@@ -62,8 +62,9 @@ def trained_workspace(root: Path, epochs: int, imgsz: int) -> Path:
     cli("validate", "-C", ws)
     params = yaml.safe_load((ws / "params.yaml").read_text())
     # batch 4: 18 steps an epoch; batch 16 gives 5, and 20 epochs of it left mAP50-95 at 0.004 on this data
-    params["train"].update(imgsz=imgsz, epochs=epochs, batch=4, eval_interval=5, workers=0, use_champion=False,
+    params["train"].update(imgsz=imgsz, epochs=epochs, batch=4, eval_interval=5, use_champion=False,
                            patience=epochs)
+    params["runtime"].update(workers=0)
     (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     print(cli("train", "-C", ws), flush=True)
     return ws
@@ -135,8 +136,8 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (workspace, export, ultralytics runs)")
     args = ap.parse_args()
-    from retrain.training.data import load_master
-    from retrain.training.weights import load_model_file
+    from retrain.data.master import load_master
+    from retrain.detector.files import load_model_file
 
     root = Path(tempfile.mkdtemp(prefix="bench-evalcmp-"))
     t0 = time.perf_counter()

@@ -28,25 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from eval_speed import cpu_model
-from merge_scaling import update_results_md
-
-
-def flow_run(root: Path, only_if_new: bool = False) -> dict[str, Any]:
-    """One flow run in this process; its summary plus Prefect's own timing of it."""
-    from prefect import get_client
-
-    from flows.retrain import outcome, retrain
-
-    t0 = time.perf_counter()
-    state = retrain(project=str(root), only_if_new=only_if_new, return_state=True)
-    call = time.perf_counter() - t0
-    summary = outcome(state)
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(state.state_details.flow_run_id)
-    wall = (run.end_time - run.start_time).total_seconds()
-    own = sum(summary["seconds"].values())
-    return {"summary": summary, "wall": wall, "call": call, "own": own, "overhead": wall - own}
+from common import cpu_model, flow_run, update_results_md
 
 
 def cli_run(root: Path) -> float:

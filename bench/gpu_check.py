@@ -26,8 +26,8 @@ os.environ.setdefault("YOLO_OFFLINE", "true")
 
 def build_master(root: Path, images_per_batch: int) -> Any:
     """Two generated sample batches as a ``Master`` (every 5th image in val), without ingest or merge."""
+    from retrain.data.master import Master
     from retrain.data.sample import generate
-    from retrain.training.data import Master
 
     images: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -68,9 +68,10 @@ def main() -> None:
     import pytorch_lightning as pl
     import torch
 
-    from retrain.config import TrainParams
-    from retrain.training.data import MasterDataModule
-    from retrain.training.module import DetectorModule, build_model
+    from retrain.config import RuntimeParams, TrainParams
+    from retrain.detector.model import build_model
+    from retrain.training.datamodule import MasterDataModule
+    from retrain.training.module import DetectorModule
     from retrain.training.trainer import build_trainer, resolve_precision
 
     if not args.smoke and not torch.cuda.is_available():
@@ -82,13 +83,14 @@ def main() -> None:
     n_train = len(master.images("train"))
     steps_per_epoch = -(-n_train // args.batch)
     epochs = max(1, -(-args.steps // steps_per_epoch))
-    params = TrainParams(imgsz=args.imgsz, batch=args.batch, epochs=epochs, eval_interval=epochs, workers=args.workers,
-                         cache="ram", use_champion=False, accelerator="cpu" if args.smoke else "gpu", devices=1,
+    runtime = RuntimeParams(workers=args.workers, cache="ram")
+    params = TrainParams(imgsz=args.imgsz, batch=args.batch, epochs=epochs, eval_interval=epochs,
+                         use_champion=False, accelerator="cpu" if args.smoke else "gpu", devices=1,
                          precision="auto", channels_last="auto", patience=1000,
                          augment={"close_mosaic": 0})  # type: ignore[arg-type]
     pl.seed_everything(0, verbose=False)
     model = build_model(params.model, master.names)
-    dm = MasterDataModule(master, params, tmp / "cache")
+    dm = MasterDataModule(master, params, runtime, tmp / "cache")
     dm.setup("fit")
     from retrain.training.trainer import use_channels_last
 

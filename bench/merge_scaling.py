@@ -17,8 +17,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,12 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import machine, update_results_md
 from PIL import Image
 from pycocotools.coco import COCO
 
 from retrain.config import load_params
-from retrain.data.ingest import ingest
-from retrain.data.merge import merge
+from retrain.ingest import ingest
+from retrain.merge import merge
 from retrain.paths import Paths
 from retrain.workspace import init_workspace
 
@@ -99,25 +98,18 @@ def run_size(size: int, tmp: Path) -> dict[str, float]:
     for b in range(0, size, BATCH):
         n = min(BATCH, size - b)
         src = write_source_batch(tmp / f"src-{size}-{b}", b, n)
-        ingest(paths, src, params.ingest, params.validation, name=f"old-{b // BATCH:03d}")
+        ingest(paths, src, params, name=f"old-{b // BATCH:03d}")
     ingest_old = time.perf_counter() - t
     merge(paths, params.merge)
     src = write_source_batch(tmp / f"src-{size}-new", 10_000_000, 1000)
     t = time.perf_counter()
-    ingest(paths, src, params.ingest, params.validation, name="new")
+    ingest(paths, src, params, name="new")
     ingest_new = time.perf_counter() - t
     cli = [cli_merge_seconds(paths.root) for _ in range(3)]
     inproc, opened, total = audited_merge(paths)
     peer = peer_seconds(paths)
     return {"size": size, "total": total, "cli_median": statistics.median(cli), "cli_max": max(cli),
             "inproc": inproc, "opened": opened, "peer": peer, "ingest_old": ingest_old, "ingest_new": ingest_new}
-
-
-def machine() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}, {platform.system()}"
 
 
 def write_results(rows: list[dict[str, float]]) -> str:
@@ -138,19 +130,6 @@ def write_results(rows: list[dict[str, float]]) -> str:
               + "; the new 1,000-image batch took "
               + ", ".join(f"{r['ingest_new']:.1f} s" for r in rows) + ".", ""]
     return "\n".join(lines)
-
-
-def update_results_md(section: str) -> None:
-    path = Path(__file__).with_name("RESULTS.md")
-    text = path.read_text() if path.exists() else "# Benchmark results\n\nEach section is written by its script.\n\n"
-    head = section.splitlines()[0]
-    if head in text:
-        start = text.index(head)
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
 
 
 def main() -> None:

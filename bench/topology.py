@@ -32,9 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from eval_speed import cpu_model
-from flow_overhead import flow_run
-from merge_scaling import update_results_md
+from common import cpu_model, flow_run, update_results_md
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = ("embedded", "stack")

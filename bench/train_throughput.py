@@ -40,8 +40,7 @@ _CONFIG = tempfile.mkdtemp(prefix="ultralytics-config-")
 os.environ["YOLO_CONFIG_DIR"] = _CONFIG  # its settings file (mlflow off below) never touches the user's
 
 sys.path.insert(0, str(HERE))
-from eval_speed import cpu_model  # noqa: E402
-from merge_scaling import machine, update_results_md  # noqa: E402
+from common import cpu_model, machine, update_results_md  # noqa: E402
 
 
 def run(*args: str | Path, cwd: Path) -> None:
@@ -64,7 +63,7 @@ def workspace(root: Path, batches: int, images: int) -> Path:
 
 def export_yolo(ws: Path, out: Path) -> Path:
     """The master as ultralytics' YOLO layout (images linked, labels normalised cx cy w h): the peer's data."""
-    from retrain.training.data import load_master
+    from retrain.data.master import load_master
 
     master = load_master(ws / "data" / "master", ws / "data")
     index = {cid: i for i, cid in enumerate(master.category_ids)}
@@ -107,7 +106,9 @@ def ours(ws: Path, settings: dict[str, Any]) -> tuple[EpochTimer, dict[str, Any]
     import pytorch_lightning as pl
 
     from retrain.config import load_params
+    from retrain.data.master import load_master
     from retrain.paths import Paths
+    from retrain.runner import run_log
     from retrain.training.train import train
 
     timer = EpochTimer()
@@ -132,13 +133,14 @@ def ours(ws: Path, settings: dict[str, Any]) -> tuple[EpochTimer, dict[str, Any]
             timer.seconds[-1] -= self.val
 
     params = load_params(ws / "params.yaml")
-    params = params.model_copy(update={"train": params.train.model_copy(update=settings)})
-    result = train(Paths(ws), params, callbacks=[Timer()])
+    runtime = {k: settings.pop(k) for k in RUNTIME if k in settings}
+    params = params.model_copy(update={"train": params.train.model_copy(update=settings),
+                                       "runtime": params.runtime.model_copy(update=runtime)})
+    result = train(Paths(ws), params, None, run_log(Paths(ws), params), callbacks=[Timer()])
     assert result is not None
-    from retrain.training.data import load_master
-
     n_train = len(load_master(ws / "data" / "master", ws / "data").images("train"))
-    return timer, {**result.report["ema"], "raw": result.report["raw"]}, n_train
+    report = result.report.to_json()
+    return timer, {**report["ema"], "raw": report["raw"]}, n_train
 
 
 def peer(data: Path, ws: Path, out: Path, settings: dict[str, Any], threads: int) -> tuple[EpochTimer, dict[str, Any]]:
@@ -163,21 +165,18 @@ def peer(data: Path, ws: Path, out: Path, settings: dict[str, Any], threads: int
                 **{k: v for k, v in aug.items() if k != "close_mosaic"})
     # Score the peer's best EMA weights with the same code that scores ours.
     from retrain.config import load_params
-    from retrain.evaluation.coco_eval import evaluate, ground_truth
-    from retrain.evaluation.predict import predict_loader
-    from retrain.training.data import MasterDataModule, load_master
-    from retrain.training.weights import load_model_file
+    from retrain.data.master import load_master
+    from retrain.detector.files import load_model_file
+    from retrain.detector.predict import Nms, predict_split
+    from retrain.metrics.coco import ground_truth, score
 
-    best = Path(model.trainer.best)
-    mf = load_model_file(best)
+    mf = load_model_file(Path(model.trainer.best))
     master = load_master(ws / "data" / "master", ws / "data")
-    p = load_params(ws / "params.yaml").train.model_copy(update={k: v for k, v in settings.items() if k != "augment"})
-    dm = MasterDataModule(master, p, ws / ".cache")
-    dm.setup("fit")
-    net = mf.build()
-    dets = predict_loader(net, dm.eval_dataloader(), dm.val_image_ids, master.category_ids, p.nms_conf, p.nms_iou,
-                          p.max_det)
-    return timer, evaluate(ground_truth(master.doc, "val"), dets).to_json()
+    params = load_params(ws / "params.yaml")
+    p = params.train.model_copy(update={k: v for k, v in settings.items() if k != "augment" and k not in RUNTIME})
+    dets = predict_split(mf, master, "val", Nms(p.nms_conf, p.nms_iou, p.max_det), p.batch, p, params.runtime,
+                         ws / ".cache")
+    return timer, score(ground_truth(master.doc, "val"), dets).overall.to_json()
 
 
 def matmul_gflops(threads: int, n: int = 2048, reps: int = 10, rounds: int = 5) -> dict[str, float]:
@@ -208,7 +207,7 @@ def forward_gflops(imgsz: int, classes: int) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from retrain.training.module import build_model
+    from retrain.detector.model import build_model
 
     model = build_model("yolo11n.yaml", tuple(f"c{i}" for i in range(classes))).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
@@ -217,6 +216,8 @@ def forward_gflops(imgsz: int, classes: int) -> float:
 
 
 ROLES = ("ours", "peer", "peer-tuned")
+#: The settings that are params.yaml's ``runtime`` keys (the rest are ``train``'s).
+RUNTIME = ("workers", "cache", "threads")
 
 
 def role_main(role: str, root: Path, settings: dict[str, Any]) -> None:

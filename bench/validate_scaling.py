@@ -22,7 +22,7 @@ import pandas as pd
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent))
-from merge_scaling import machine, update_results_md  # noqa: E402
+from common import machine, update_results_md  # noqa: E402
 
 from retrain.config import ValidateParams  # noqa: E402
 from retrain.validation.gx import run_rules  # noqa: E402

@@ -1,0 +1,66 @@
+"""Helpers shared by the benchmarks: the machine's description, ``RESULTS.md`` sections, a timed flow run.
+
+Every benchmark imports these from here (``bench/`` is on ``sys.path`` when a script in it runs), never from
+another benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).with_name("RESULTS.md")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (as ``lscpu`` shows it), or the architecture where /proc/cpuinfo is missing."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
+
+
+def machine() -> str:
+    """Cores, CPU model, memory, Python and OS: the "Machine:" line of a results section."""
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores ({cpu_model()}), {mem:.0f} GiB RAM, Python {platform.python_version()}, "
+            f"{platform.system()}")
+
+
+def update_results_md(section: str) -> None:
+    """Put ``section`` into ``RESULTS.md``, replacing the section with the same heading line, else appending it."""
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
+    head = section.splitlines()[0]
+    if head in text:
+        start = text.index(head)
+        nxt = text.find("\n## ", start + 1)
+        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text)
+
+
+def flow_run(root: Path, only_if_new: bool = False) -> dict[str, Any]:
+    """One retrain flow run in this process; its summary plus Prefect's own timing of it.
+
+    Returns:
+        ``summary`` (the run's summary), ``wall`` (the flow run's start to end, by Prefect), ``call`` (the in-process
+        call), ``own`` (the stages' and ingest's own times), ``overhead`` (``wall - own``).
+    """
+    from prefect import get_client
+
+    from flows.retrain import outcome, retrain
+
+    t0 = time.perf_counter()
+    state = retrain(project=str(root), only_if_new=only_if_new, return_state=True)
+    call = time.perf_counter() - t0
+    summary = outcome(state)
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(state.state_details.flow_run_id)
+    wall = (run.end_time - run.start_time).total_seconds()
+    own = sum(summary["seconds"].values())
+    return {"summary": summary, "wall": wall, "call": call, "own": own, "overhead": wall - own}
