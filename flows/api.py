@@ -51,7 +51,8 @@ class PrefectUnavailable(TransientError):
 
 def defaults() -> None:
     """Retrain's defaults for Prefect, set before Prefect reads its settings (a user's own values win)."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # nothing leaves this machine
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # nothing leaves this machine:
+    os.environ.setdefault("DO_NOT_TRACK", "1")  # nor the client's telemetry (and no notice about it in a terminal)
     os.environ.setdefault(TIMEOUT_ENV, str(STARTUP_TIMEOUT))
 
 

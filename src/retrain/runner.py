@@ -43,7 +43,9 @@ def run_log(paths: Paths, params: Params) -> RunLog:
     from retrain.training.train import RunLog
 
     uri = tracking.tracking_uri(paths.root)
-    return RunLog(uri, tracking.artifact_root(paths.root, uri), params.registry.experiment)
+    where = tracking.artifact_root(paths.root, uri)
+    tracking.ensure_experiment(uri, params.registry.experiment, where, params.runtime.registry_wait)
+    return RunLog(uri, where, params.registry.experiment)
 
 
 def _nothing_yet(paths: Paths, stage: str) -> bool:

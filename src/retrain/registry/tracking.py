@@ -103,6 +103,37 @@ def registry_call(what: str, fn: Callable[[], T], wait: float, first_delay: floa
             delay *= 2
 
 
+def experiment(mc: Any, name: str, artifact_location: str | None) -> str:
+    """The id of the experiment ``name``, made (with ``artifact_location``) when the store has none yet.
+
+    A second process making it at the same moment (another rank) gets the first one's.  One sequence of calls that
+    is safe to repeat (for ``registry_call``).
+    """
+    found = mc.get_experiment_by_name(name)
+    if found is not None:
+        return str(found.experiment_id)
+    try:
+        return str(mc.create_experiment(name, artifact_location))
+    except MlflowException as e:
+        if getattr(e, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return str(mc.get_experiment_by_name(name).experiment_id)
+
+
+def ensure_experiment(uri: str, name: str, artifact_location: str | None, wait: float = 0.0) -> None:
+    """Make the experiment before training, so that Lightning's logger finds it (it warns when it makes one).
+
+    Raises:
+        TransientError: The store is still busy or down after ``wait`` seconds.
+        RetrainError: The store refused.
+    """
+    try:
+        registry_call(f"find or make experiment {name}", lambda: experiment(client(uri), name, artifact_location),
+                      wait)
+    except MlflowException as e:
+        raise RetrainError(f"tracking store: cannot make experiment {name} ({e.message})") from e
+
+
 def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
     """The version behind ``<model_name>@champion``; ``None`` when there is no such model or alias.
 

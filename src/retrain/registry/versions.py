@@ -23,7 +23,7 @@ from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 from retrain.errors import RetrainError
 from retrain.faults import fault_point
 from retrain.registry.pyfunc import DEFAULT_PARAMS, example_input
-from retrain.registry.tracking import CHAMPION, artifact_root, busy_or_down
+from retrain.registry.tracking import CHAMPION, artifact_root, busy_or_down, experiment
 
 CHALLENGER = "challenger"
 TAG = "retrain."
@@ -146,8 +146,7 @@ def _run_for(mc: Any, where: VersionRun, uri: str) -> str:
             return where.run_id
         except MlflowException:
             pass  # trained against another store: a run of its own here
-    exp = mc.get_experiment_by_name(where.experiment)
-    exp_id = exp.experiment_id if exp else mc.create_experiment(where.experiment, artifact_root(where.root, uri))
+    exp_id = experiment(mc, where.experiment, artifact_root(where.root, uri))
     return str(mc.create_run(exp_id, tags={"mlflow.runName": where.run_name}).info.run_id)
 
 
