@@ -145,9 +145,11 @@ def main() -> None:
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")
-    ok = result["steps"] >= args.steps and result["loss_last"] < result["loss_first"] and result["checkpoints"]
-    if not args.smoke and result["precision"] != "bf16-mixed":
-        ok = False
+    ok = result["steps"] >= args.steps and bool(result["checkpoints"])
+    # The GPU run must also learn, in bf16. The smoke's 8 tiny CPU steps say nothing about learning (one mosaic
+    # batch's loss swings either way): it checks that the code runs end to end.
+    if not args.smoke:
+        ok = ok and result["loss_last"] < result["loss_first"] and result["precision"] == "bf16-mixed"
     sys.exit(0 if ok else "gpu_check: FAILED (see the figures above)")
 
 
