@@ -89,9 +89,13 @@ def ingest(
 
 
 @app.command()
-def merge(project: ProjectOpt = Path(".")) -> None:
+def merge(project: ProjectOpt = Path("."),
+          migrate_splits: bool = typer.Option(False, "--migrate-splits", help="Accept a changed split rule (merge "
+                                              "params, or a master from before the test split) once: the images it "
+                                              "moves are counted and recorded in data/master and reports/merge.json.")
+          ) -> None:
     """Merge every ingested batch into data/master (a DVC stage)."""
-    _out(runner.run_merge(*_workspace(project)))
+    _out(runner.run_merge(*_workspace(project), migrate_splits=migrate_splits))
 
 
 @app.command()

@@ -30,7 +30,16 @@ class MergeParams(_Section):
     """Knobs of ``retrain merge``."""
 
     val_fraction: float = Field(
-        default=0.2, gt=0, lt=1, description="Share of images assigned to val, by content hash (stable forever)."
+        default=0.2, gt=0, lt=1, description="Share of images assigned to val (picks the best checkpoint, early "
+        "stopping, EMA or raw), by content hash (stable forever)."
+    )
+    test_fraction: float = Field(
+        default=0.2, ge=0, lt=1, description="Share of images assigned to test (the gate's judge: no training choice "
+        "ever looks at it), by the same hash; 0 = no test split (the gate then judges on val, and says so)."
+    )
+    near_duplicate_distance: int = Field(
+        default=40, ge=-1, le=128, description="Images whose perceptual hashes (256-bit pHash) differ in at most "
+        "this many bits are one group and share a split; -1 = off (exact duplicates are still merged)."
     )
     split_salt: str = Field(
         default="retrain-split-v1", min_length=1, description="Mixed into the content hash that picks an image's split."
@@ -38,6 +47,12 @@ class MergeParams(_Section):
     box_conflict_tolerance_px: float = Field(
         default=0.5, ge=0, description="Two labellings of one image are the same when every box agrees to this."
     )
+
+    @model_validator(mode="after")
+    def _train_left(self) -> MergeParams:
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError("val_fraction + test_fraction leave less than 10% of the images to train on")
+        return self
 
 
 Level = Literal["fail", "warn"]
@@ -158,6 +173,8 @@ class PromoteParams(_Section):
                                   description="No origin batch's val images may lose more mAP50-95 than this.")
     require_significant: bool = Field(default=False,
                                       description="Also require the bootstrap interval's lower bound above 0.")
+    max_size_drop: float | None = Field(default=None, ge=0, le=1, description="No object size (COCO small, medium, "
+                                        "large) may lose more AP50-95 than this, overall or per class; null = off.")
 
 
 class RegistryParams(_Section):

@@ -69,15 +69,23 @@ def run_ingest(paths: Paths, params: Params, source: Path, name: str | None, fmt
     return [*lines, f"batch {result.name} already ingested with the same content; nothing changed"]
 
 
-def run_merge(paths: Paths, params: Params) -> list[str]:
-    """``retrain merge`` (a DVC stage)."""
+def run_merge(paths: Paths, params: Params, migrate_splits: bool = False) -> list[str]:
+    """``retrain merge`` (a DVC stage; ``--migrate-splits`` once, by hand, after a change of the split rule)."""
     from retrain.merge import merge
 
-    t = merge(paths, params.merge).report["totals"]
+    report = merge(paths, params.merge, migrate_splits).report
     if nodata.no_batch_yet(paths):
         return [nodata.NOTHING_YET]
-    return [f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
-            f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts)"]
+    t, sp, g = report["totals"], report["splits"], report["groups"]
+    lines = [f"master: {t['images']} images, {t['boxes']} boxes, {t['classes']} classes from {t['batches']} batches "
+             f"({t['duplicates']} duplicate images, {t['conflicts']} label conflicts); train/val/test "
+             f"{sp['train']['images']}/{sp['val']['images']}/{sp['test']['images']} images; {g['count']} near-copy "
+             f"groups of {g['images']} images"]
+    moved = report["split"]["changed_since_previous"]
+    if moved:
+        lines.append(f"split: {sum(moved.values())} images changed split since the previous master ("
+                     + ", ".join(f"{n} {k}" for k, n in moved.items()) + f"); recorded in {paths.merge_report}")
+    return lines
 
 
 def run_validate(paths: Paths, params: Params) -> Iterator[str]:
@@ -122,14 +130,16 @@ def run_evaluate(paths: Paths, params: Params) -> list[str]:
 
     r = evaluate_models(paths, params, champion(paths, params))
     cand = r.candidate.metrics
-    line = f"candidate: mAP50-95 {cand.map:.4f}, mAP50 {cand.map50:.4f} on {r.images} val images"
+    line = f"candidate: mAP50-95 {cand.map:.4f}, mAP50 {cand.map50:.4f} on {r.images} {r.split} images"
     if r.champion is not None and r.delta is not None:
         d = r.delta
         line += (f"; champion (version {r.champion.version}): {r.champion.metrics.map:.4f}; delta {d.map:+.4f}, "
                  f"{d.confidence:.0%} interval [{d.ci[0]:+.4f}, {d.ci[1]:+.4f}]")
     else:
         line += "; no champion yet"
-    return [f"{line}; report {paths.eval_markdown}"]
+    if r.val is not None:
+        line += f" (val, beside: candidate {r.val.candidate.map:.4f})"
+    return [*[f"note: {n}" for n in r.notes], f"{line}; report {paths.eval_markdown}"]
 
 
 def run_promote(paths: Paths, params: Params) -> list[str]:

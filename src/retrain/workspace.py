@@ -211,6 +211,7 @@ _OLD_DVC_YAML = frozenset({
     "d22ddfb695ce00208920aea612dd4fded19248a23a22d0807517dbeb79eecc52",
     "08c98b7b87ccc54bb49d5853112f2deb041556e34a7c0a1c0beb4a1ebf6ba3cd",
     "a45aaa2e14b2e663ecb6bd3b2f406b5dc1ffa040473e1e47ec1baf09916c487c",
+    "506b4c889a9bada6287335d5943dab77ee9ea380bbb6fac8c836ec7f252e8510",
 })
 
 
@@ -244,6 +245,10 @@ def upgrade(paths: Paths) -> list[str]:
                         f"code-versions.yaml entry as in {Path(__file__).parent / 'templates' / 'dvc.yaml'}")
     if codeversions.record(paths):
         done.append(f"{codeversions.FILE}: recorded")
+    master = paths.master / "annotations.json"
+    if master.is_file() and "split" not in json.loads(master.read_text(encoding="utf-8")).get("info", {}):
+        done.append("data/master predates the test split and near-copy groups: run 'retrain merge --migrate-splits' "
+                    "once (it says how many images change split, and records it), then 'dvc repro'")
     return done or ["nothing to upgrade: the workspace is this version's"]
 
 

@@ -54,4 +54,73 @@ def test_output_is_deterministic():
     two = merge_batches([("b1", b1)], MergeParams())
     assert dumps_canonical(one.coco) == dumps_canonical(two.coco)
     assert manifest_csv(one.coco) == manifest_csv(two.coco)
-    assert manifest_csv(one.coco).splitlines()[0] == "image_id,file_name,sha256,width,height,split,batch"
+    assert manifest_csv(one.coco).splitlines()[0] == "image_id,file_name,sha256,width,height,split,batch,group"
+
+
+def test_three_splits_by_hash_and_adding_test_moves_no_trained_image_into_test():
+    shas = [f"{i:064x}" for i in range(4000)]
+    old = [assign_split(s, 0.2, "salt") for s in shas]
+    new = [assign_split(s, 0.2, "salt", 0.2) for s in shas]
+    assert new == [assign_split(s, 0.2, "salt", 0.2) for s in shas]  # reruns
+    for split, share in (("test", 0.2), ("val", 0.2), ("train", 0.6)):
+        assert abs(new.count(split) / len(new) - share) < 0.03
+    moves = {(a, b) for a, b in zip(old, new, strict=True) if a != b}
+    assert moves == {("val", "test"), ("train", "val")}  # never train -> test
+
+
+def test_split_is_stable_across_batch_order_and_new_batches_with_the_test_split():
+    params = MergeParams(test_fraction=0.2)
+    b1 = _doc(["a"], [(f"x{i}.jpg", f"{i:064x}", []) for i in range(40)])
+    b2 = _doc(["a"], [(f"y{i}.jpg", f"{i + 100:064x}", []) for i in range(40)])
+    b3 = _doc(["a"], [(f"z{i}.jpg", f"{i + 200:064x}", []) for i in range(40)])
+
+    def splits(batches):
+        return {i["sha256"]: i["split"] for i in merge_batches(batches, params).coco["images"]}
+
+    first = splits([("b1", b1), ("b2", b2)])
+    assert set(first.values()) == {"train", "val", "test"}
+    assert splits([("b2", b2), ("b1", b1)]) == first
+    grown = splits([("b1", b1), ("b2", b2), ("b3", b3)])
+    assert {k: grown[k] for k in first} == first
+
+
+def test_near_copies_and_sequences_share_their_first_images_split():
+    params = MergeParams(test_fraction=0.2, near_duplicate_distance=4)  # tiny ints as hashes
+    shas = [f"{i:064x}" for i in range(60)]
+    hashes = {s: (i * 0x9E3779B97F4A7C15) % 2**64 for i, s in enumerate(shas)}  # far apart
+    b1 = _doc(["a"], [(f"x{i}.jpg", shas[i], []) for i in range(30)])
+    # batch 2: near-copies (3 bits off) of each of batch 1's images, and a 10-frame video
+    copies = {f"c{i:063x}": hashes[shas[i]] ^ 0b10101 for i in range(30)}
+    hashes |= copies
+    b2 = _doc(["a"], [(f"c{i}.jpg", s, []) for i, s in enumerate(copies)] +
+              [(f"v{i}.jpg", shas[30 + i], []) for i in range(10)])
+    for im in b2["images"][30:]:
+        im["sequence"] = "cam-7"
+    r = merge_batches([("b1", b1), ("b2", b2)], params, hashes)
+    ims = {i["sha256"]: i for i in r.coco["images"]}
+    for i, copy in enumerate(copies):
+        assert ims[copy]["split"] == ims[shas[i]]["split"] and ims[copy]["group"] == ims[shas[i]]["id"]
+    video = {ims[shas[30 + i]]["split"] for i in range(10)}
+    assert len(video) == 1
+    g = r.report["groups"]
+    assert g["count"] == 31 and g["images"] == 70 and g["largest"] == 10 and g["joined_by_sequence"] == 9
+    assert g["moved_by_a_link"] == 0
+    # off: the copies fall where their own hash puts them
+    loose = merge_batches([("b1", b1), ("b2", b2)], MergeParams(test_fraction=0.2, near_duplicate_distance=-1),
+                          hashes)
+    assert loose.report["groups"]["count"] == 1  # the video only
+
+
+def test_a_link_between_two_groups_moves_the_later_one_and_says_so():
+    params = MergeParams(test_fraction=0.3, val_fraction=0.3, near_duplicate_distance=2)
+    shas = [f"{i:064x}" for i in range(200)]
+    split = {s: assign_split(s, 0.3, params.split_salt, 0.3) for s in shas}
+    a = next(s for s in shas if split[s] == "train")
+    b = next(s for s in shas if split[s] == "test")
+    hashes = {a: 0, b: 0b1111, "bridge": 0b11}  # a-b: 4 bits; bridge is 2 from each
+    b1 = _doc(["x"], [("a.jpg", a, []), ("b.jpg", b, [])])
+    b2 = _doc(["x"], [("bridge.jpg", "bridge", [])])
+    r = merge_batches([("b1", b1), ("b2", b2)], params, hashes)
+    ims = {i["sha256"]: i for i in r.coco["images"]}
+    assert ims[a]["split"] == ims[b]["split"] == ims["bridge"]["split"] == "train"
+    assert r.report["groups"]["moved"] == [{"file_name": "batches/b1/images/b.jpg", "from": "test", "to": "train"}]

@@ -36,7 +36,7 @@ def test_clean_tables_pass_every_rule():
     statuses, results = _statuses(_coco())
     assert all(s == {"pass"} for s in statuses.values()), statuses
     assert {"schema", "box-inside-image", "box-area", "known-class", "image-size", "split", "val-fraction",
-            "min-train-instances", "unique-content"} <= statuses.keys()
+            "min-train-instances", "unique-content", "group-split"} <= statuses.keys()
 
 
 @pytest.mark.parametrize("plant,rule", [
@@ -46,7 +46,10 @@ def test_clean_tables_pass_every_rule():
     (lambda c: c["annotations"][0].update(category_id=9), "known-class"),
     (lambda c: c["annotations"][1].update(id=c["annotations"][0]["id"]), "unique-id"),
     (lambda c: c["images"][1].update(sha256=c["images"][0]["sha256"]), "unique-content"),
-    (lambda c: c["images"][0].update(split="test"), "split"),
+    (lambda c: c["images"][0].update(split="holdout"), "split"),
+    # two near-copies (one group) in different splits: merge never writes this; the suite would catch it
+    (lambda c: (c["images"][0].update(group=1, split="train"), c["images"][1].update(group=1, split="test")),
+     "group-split"),
     (lambda c: c["images"][0].update(width=101), "image-size"),
 ])
 def test_each_planted_defect_fails_its_rule_and_names_the_file(plant, rule):

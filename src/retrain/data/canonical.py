@@ -7,7 +7,8 @@
   ``sha256``; boxes in pixels of the displayed image; category ids 1..K in the batch's own order);
 - ``batch.json``: name, ingest sequence number, source format, content hash, counts, notes.
 
-The merge reads only ``annotations.json`` and ``batch.json``: an admitted image is never read again.
+The merge reads ``annotations.json`` and ``batch.json``, and decodes an admitted image once in its life for its
+perceptual hash (``data.groups``, cached by sha256).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def build(valid: ValidBatch) -> CanonicalBatch:
     files: list[tuple[str, Path, str]] = []
     for image_id, im in enumerate(sorted(src["images"], key=lambda i: i["file_name"]), start=1):
         coco_images.append({"id": image_id, "file_name": im["file_name"], "width": im["width"],
-                            "height": im["height"], "sha256": im["sha256"]})
+                            "height": im["height"], "sha256": im["sha256"],
+                            **({"sequence": im["sequence"]} if "sequence" in im else {})})  # absent: as before
         files.append((im["file_name"], valid.sources[im["id"]], im["sha256"]))
         for a in boxes.get(im["id"], []):
             x, y, w, h = _clip(a["bbox"], im["width"], im["height"])

@@ -154,3 +154,81 @@ def generate(out: Path, batches: int, images_per_batch: int, seed: int) -> list[
         The batches written.
     """
     return [generate_batch(out / f"batch-{k}", k, images_per_batch, seed) for k in range(1, batches + 1)]
+
+
+def _render(background: Image.Image, shapes: list[tuple[str, int, int, int, tuple[int, ...]]],
+            rng: random.Random) -> tuple[Image.Image, list]:
+    """Draw ``shapes`` ``(class, x, y, side, colour)`` on a copy of ``background``; their exact boxes."""
+    img = background.copy()
+    draw = ImageDraw.Draw(img)
+    w, h = img.size
+    boxes = []
+    for cls, x, y, s, color in shapes:
+        if cls == "circle":
+            draw.ellipse([x, y, x + s, y + s], fill=color, outline=(0, 0, 0))
+            box = (float(x), float(y), float(s + 1), float(s + 1))
+        else:
+            pts = _shape_points(cls, x, y, s, rng)
+            draw.polygon(pts, fill=color, outline=(0, 0, 0))
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            box = (min(xs), min(ys), max(xs) - min(xs) + 1, max(ys) - min(ys) + 1)
+        box = (box[0], box[1], min(box[2], w - box[0]), min(box[3], h - box[1]))
+        boxes.append((cls, [round(v, 2) for v in box]))
+    return img, boxes
+
+
+def generate_scenes(out: Path, scenes: int, frames: int, seed: int, copies: int = 1, step: int = 1,
+                    video_ids: bool = False) -> SampleBatch:
+    """Write a COCO batch of near-duplicates, the shape of real deliveries: each scene is ``frames`` consecutive
+    frames of shapes moving ``step`` pixels a frame over a fixed background, and each frame's first ``copies``
+    frames also come re-encoded (JPEG quality 60, a different file with the same picture).
+
+    Args:
+        out: The batch folder (created).
+        scenes: Number of scenes.
+        frames: Frames per scene.
+        seed: Base seed.
+        copies: Re-encoded copies per scene (of its first frames).
+        step: Pixels each shape moves per frame.
+        video_ids: Also label each frame with its scene's ``video_id`` (COCO-VID style).
+
+    Returns:
+        What was written.
+    """
+    rng = random.Random(f"{seed}:scenes")
+    classes = BASE_CLASSES
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    images: list[dict[str, Any]] = []
+    anns: list[dict[str, Any]] = []
+
+    def add(img: Image.Image, name: str, boxes: list, scene: int, quality: int) -> None:
+        img.save(out / "images" / name, format="JPEG", quality=quality)
+        image_id = len(images) + 1
+        images.append({"id": image_id, "file_name": name, "width": img.width, "height": img.height,
+                       **({"video_id": scene} if video_ids else {})})
+        for cls, bbox in boxes:
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": classes.index(cls) + 1,
+                         "bbox": bbox, "area": round(bbox[2] * bbox[3], 2), "iscrowd": 0})
+
+    for scene in range(1, scenes + 1):
+        w, h = rng.randrange(288, 385, 8), rng.randrange(224, 321, 8)
+        background = _background(rng, rng.choice(_BACKGROUNDS), w, h)
+        shapes = []
+        for _ in range(rng.randint(1, 4)):
+            s = rng.randint(36, 80)
+            margin = step * frames + 2
+            if w - s - 2 * margin <= 0 or h - s - 2 * margin <= 0:
+                continue
+            x, y = rng.randint(margin, w - s - margin), rng.randint(margin, h - s - margin)
+            shapes.append((rng.choice(classes), x, y, s, tuple(rng.randint(0, 255) for _ in range(3)),
+                           rng.choice((-1, 1)), rng.choice((-1, 1))))
+        for f in range(frames):
+            moved = [(c, x + dx * step * f, y + dy * step * f, s, col) for c, x, y, s, col, dx, dy in shapes]
+            img, boxes = _render(background, moved, random.Random(0))
+            add(img, f"s{scene:03d}_f{f:02d}.jpg", boxes, scene, 90)
+            if f < copies:
+                add(img, f"s{scene:03d}_f{f:02d}_copy.jpg", boxes, scene, 60)
+    doc = {"images": images, "annotations": anns,
+           "categories": [{"id": k + 1, "name": c} for k, c in enumerate(classes)]}
+    (out / "annotations.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return SampleBatch(out, classes, len(images), len(anns))

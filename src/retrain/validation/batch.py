@@ -66,7 +66,8 @@ def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
         image_id = len(images) + 1
         w, h = entry.claimed_size or (info.width, info.height)
         images.append({"id": image_id, "file_name": Path(entry.name).as_posix(), "width": w, "height": h,
-                       "sha256": info.sha256, "label_file": entry.label_file})
+                       "sha256": info.sha256, "label_file": entry.label_file,
+                       **({"sequence": entry.sequence} if entry.sequence is not None else {})})
         sources[image_id] = results[k].path  # type: ignore[assignment]
         for box in entry.boxes:
             anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": box.category + 1,

@@ -109,7 +109,7 @@ def batch_rules(params: ValidateParams, class_ids: list[int]) -> list[Rule]:
 
 def master_rules(params: ValidateParams, class_ids: list[int], old_distribution: dict[int, float] | None
                  ) -> list[Rule]:
-    """Batch rules plus split, instances per class, val fraction and drift of the newest batch.
+    """Batch rules plus split, near-copy groups, instances per class, val fraction and drift of the newest batch.
 
     Args:
         params: The ``validate`` section.
@@ -120,8 +120,11 @@ def master_rules(params: ValidateParams, class_ids: list[int], old_distribution:
     lvl = params.instances_level
     rules = batch_rules(params, class_ids) + _schema("classes", CLASS_COLUMNS, "name")
     rules += [
-        Rule("split", "images", "fail", "split is train or val",
-             gxe.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val"])),
+        Rule("split", "images", "fail", "split is train, val or test",
+             gxe.ExpectColumnValuesToBeInSet(column="split", value_set=["train", "val", "test"])),
+        # Merge puts a group of near-copies in one split by construction; this proves it on the data.
+        Rule("group-split", "images", "fail", "every near-copy group (pHash or sequence) lies in one split",
+             gxe.ExpectColumnValuesToBeBetween(column="group_splits", min_value=1, max_value=1)),
         Rule("val-fraction", "images", params.val_fraction_level,
              f"val fraction between {params.val_fraction_min:g} and {params.val_fraction_max:g}",
              gxe.ExpectColumnMeanToBeBetween(column="is_val", min_value=params.val_fraction_min,

@@ -24,9 +24,9 @@ BOX_COLUMNS = {
 IMAGE_COLUMNS = {
     "image_id": "int64", "file_name": "category", "sha256": "object", "width": "int64", "height": "int64",
     "decoded_width": "int64", "decoded_height": "int64", "split": "category", "batch": "category",
-    "n_boxes": "int64", "is_val": "int64",
+    "n_boxes": "int64", "is_val": "int64", "group": "int64", "group_splits": "int64",
 }
-CLASS_COLUMNS = {"category_id": "int64", "name": "object", "train": "int64", "val": "int64"}
+CLASS_COLUMNS = {"category_id": "int64", "name": "object", "train": "int64", "val": "int64", "test": "int64"}
 
 
 def image_table(coco: Mapping[str, Any], decoded: Mapping[str, tuple[int, int]]) -> pd.DataFrame:
@@ -54,6 +54,9 @@ def image_table(coco: Mapping[str, Any], decoded: Mapping[str, tuple[int, int]])
     })
     df["n_boxes"] = df["image_id"].map(counts).fillna(0).astype("int64")
     df["is_val"] = (df["split"] == "val").astype("int64")
+    # The master's near-copy group (merge); an image of a batch is a group of its own.
+    df["group"] = [i.get("group", i["id"]) for i in ims]
+    df["group_splits"] = df.groupby("group")["split"].transform("nunique").astype("int64")
     return df.astype(IMAGE_COLUMNS)
 
 
@@ -90,13 +93,14 @@ def box_table(coco: Mapping[str, Any], label_files: Mapping[int, str] | None = N
 
 
 def class_table(coco: Mapping[str, Any], boxes: pd.DataFrame) -> pd.DataFrame:
-    """One row per class: boxes in train and in val."""
+    """One row per class: boxes in train, in val and in test."""
     counts = boxes.groupby(["category_id", "split"], observed=True).size().unstack(fill_value=0)
     rows = []
     for c in coco["categories"]:
         got = counts.loc[c["id"]] if c["id"] in counts.index else {}
         rows.append({"category_id": c["id"], "name": c["name"],
-                     "train": int(got.get("train", 0)), "val": int(got.get("val", 0))})
+                     "train": int(got.get("train", 0)), "val": int(got.get("val", 0)),
+                     "test": int(got.get("test", 0))})
     return pd.DataFrame(rows, columns=list(CLASS_COLUMNS)).astype(CLASS_COLUMNS)
 
 

@@ -20,6 +20,19 @@ def find_annotation_file(root: Path) -> list[Path]:
     return sorted(p for p in (root / "annotations").glob("*.json") if p.is_file())
 
 
+#: Image fields naming the video or sequence an image is a frame of (COCO-VID/TAO write ``video_id``).
+SEQUENCE_FIELDS = ("video_id", "sequence_id")
+
+
+def _sequence(entry: dict[str, Any]) -> str | None:
+    """The image's video or sequence id as a string, where the labels carry one."""
+    for key in SEQUENCE_FIELDS:
+        value = entry.get(key)
+        if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).strip():
+            return str(value).strip()[:200]
+    return None
+
+
 def _image_root(root: Path, names: list[str]) -> Path:
     """The folder the ``file_name`` entries are relative to: the candidate holding most of them."""
     candidates = [root / "images", root] + sorted(
@@ -143,7 +156,8 @@ def read_coco(root: Path) -> SourceBatch:  # noqa: C901 - one pass over a docume
         if claimed is None and (w is not None or h is not None):
             batch.problem(ann_file, "coco-structure", f"image {entry['id']}: width/height must be integers")
             continue
-        batch.images.append(SourceImage(entry["file_name"], image_root, claimed, tuple(v["boxes"]), label_file))
+        batch.images.append(SourceImage(entry["file_name"], image_root, claimed, tuple(v["boxes"]), label_file,
+                                        _sequence(entry)))
 
     listed = {(image_root / n).resolve() for n in seen_names if ".." not in Path(n).parts}
     for f in list_image_files(image_root):

@@ -50,6 +50,8 @@ class SourceImage:
         claimed_size: ``(width, height)`` the labels claim, if they say.
         boxes: The image's boxes.
         label_file: The label file naming this image, relative to the batch root.
+        sequence: The video or sequence the image is a frame of, where the labels say (COCO ``video_id`` or
+            ``sequence_id``): its frames share one split.
     """
 
     name: str
@@ -57,6 +59,7 @@ class SourceImage:
     claimed_size: tuple[int, int] | None
     boxes: tuple[SourceBox, ...]
     label_file: str
+    sequence: str | None = None
 
 
 @dataclass
