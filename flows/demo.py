@@ -66,7 +66,7 @@ def run_demo(workspace: Path, batches: int, images_per_batch: int, seed: int) ->
         rows.append((s.path.name, (r.data_dvc_md5 or "-")[:12], f"v{r.version}" if r.version else "-",
                      _map(r.champion_map), _map(r.candidate_map), r.decision()))
     yield ""
-    yield f"{'run':<9} {'data version':<13} {'model':<6} {'champion':>8} {'candidate':>9}  decision (mAP50-95)"
+    yield f"{'run':<9} {'data version':<13} {'model':<6} {'champion':>8} {'candidate':>9}  decision (mAP50-95 on test)"
     for row in rows:
         yield f"{row[0]:<9} {row[1]:<13} {row[2]:<6} {row[3]:>8} {row[4]:>9}  {row[5]}"
     status = dvc(["status", "-q"], paths.root, "dvc status").strip()

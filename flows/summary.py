@@ -31,7 +31,7 @@ class RunSummary(BaseModel):
         commit: The git commit of the run's files.
         data_dvc_md5: DVC's md5 of ``data/master`` in ``dvc.lock`` (the reports' ``data_version`` is the master's
             ``annotations.json`` sha256: another name for another hash).
-        candidate_map: The candidate's val mAP50-95, if evaluate ran.
+        candidate_map: The candidate's mAP50-95 on the judged split (test), if evaluate ran.
         champion_map: The champion's, on the same images (``None`` without a champion).
         batches: The batch folders asked for (``None``: everything waiting in ``data/incoming/``).
         held: When the run held the workspace lock (wall-clock start, end).

@@ -120,12 +120,13 @@ def publish_evaluation(paths: Paths, ui_base: str) -> PromotionReport | None:
         create_markdown_artifact(text, key="retrain-evaluation", description="champion vs candidate, and decision")
     if report is not None:
         champ = report.champion.metrics.per_class if report.champion else {}
-        rows = [{"class": k, "val_boxes": report.instances.get(k, 0),
+        rows = [{"class": k, f"{report.split}_boxes": report.instances.get(k, 0),
                  "champion": round(champ[k], 4) if k in champ else None, "candidate": round(v, 4),
                  "delta": round(v - champ[k], 4) if k in champ else None}
                 for k, v in report.candidate.metrics.per_class.items()]
         if rows:
-            create_table_artifact(rows, key="retrain-per-class-ap", description="AP50-95 per class on the val images")
+            create_table_artifact(rows, key="retrain-per-class-ap",
+                                  description=f"AP50-95 per class on the {report.split} images (the gate's judge)")
     if promotion is not None:
         links = ui_links(tracking_uri(paths.root), promotion.model, promotion.version, ui_base)
         create_link_artifact(links["version"], link_text=f"{promotion.model} version {promotion.version}",

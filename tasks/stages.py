@@ -120,7 +120,8 @@ def _transient_only(task: Any, task_run: Any, state: Any) -> bool:
 
 @task(name="stage", task_run_name="{stage}", retry_condition_fn=_transient_only, cache_policy=NO_CACHE)
 def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> StageRun:
-    """Run one DVC stage (``dvc repro --single-item STAGE``) and stream its output into this task's log.
+    """Run one DVC stage (``dvc repro --single-item --no-run-cache STAGE``) and stream its output into this task's
+    log.
 
     Args:
         root: The workspace.
@@ -149,8 +150,10 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
     if progress_epochs:
         progress = TrainingProgress(Path(root), progress_epochs)
     t0 = time.perf_counter()
-    rc = stream([sys.executable, "-m", "retrain.lifeline", "dvc", "repro", "--single-item", stage], Path(root), line,
-                progress.update if progress is not None else None)
+    # --no-run-cache: a stale stage runs; DVC never restores its outputs from an earlier run with the same inputs
+    # (evaluate and promote read the registry, which DVC does not see; dvc.yaml keeps `dvc repro` from it too).
+    rc = stream([sys.executable, "-m", "retrain.lifeline", "dvc", "repro", "--single-item", "--no-run-cache", stage],
+                Path(root), line, progress.update if progress is not None else None)
     seconds = time.perf_counter() - t0
     if progress is not None:
         progress.finish(rc == 0)

@@ -333,3 +333,30 @@ def test_registry_copy_moves_the_champion_to_another_store_and_back(trained: Pat
     assert [str(v.version) for v in src.search_model_versions(f"name = '{NAME}'")] == ["1"]
     same = run_cli("registry-copy", "--from", target, "--to", target, "-C", paths.root, cwd=elsewhere)
     assert same.returncode == 1 and "same registry" in same.stderr, same.stderr
+
+
+def test_a_rerun_promotion_is_never_restored_from_the_run_cache(trained: Path, tmp_path: Path):
+    """DVC's run-cache restores a stale stage's outputs, without running it, when its deps, params and command match
+    an earlier run.  promote writes the registry, which DVC does not see: a restored promotion.json would claim a
+    write that never happened.  Here the params return to those of an earlier promotion after the champion moved;
+    promote must run and write the registry again."""
+    from dvc.repo import Repo
+    from dvc.stage.cache import _can_hash
+
+    paths = _fresh(trained, tmp_path / "ws")
+    with Repo(str(paths.root)) as repo:  # the declaration: DVC can neither save nor restore these two stages
+        stages = {s.name: s for s in repo.stage.collect(str(paths.root / "dvc.yaml"))}
+        assert not _can_hash(stages["evaluate"]) and not _can_hash(stages["promote"])
+        assert _can_hash(stages["validate"])  # while a stage with ordinary outputs could be restored
+    set_params(paths.root, "promote", max_size_drop=0.5)  # a gate change: promote is stale and runs
+    out = run_dvc("repro", "promote", cwd=paths.root)
+    assert "Running stage 'promote'" in out, out
+    client = _client(_uri(paths))
+    assert _aliases(client)["champion"] == load_json(paths.promotion_report)["version"] == "1"
+    client.delete_registered_model_alias(NAME, "champion")  # the champion moves (here: away)
+    set_params(paths.root, "promote", max_size_drop=None)  # back to the params of the fixture's promotion
+    out = run_dvc("repro", "promote", cwd=paths.root)
+    assert "Running stage 'promote'" in out and "cached" not in out, out
+    report = load_json(paths.promotion_report)
+    assert report["promoted"] is True and report["version"] == "2"
+    assert _aliases(client)["champion"] == "2"  # written by this run, not restored

@@ -40,7 +40,7 @@ def test_the_forgetting_guard_refuses_a_collapsed_class_but_only_reports_a_rare_
     assert collapsed.reasons == ("forgetting: class dog AP50-95 fell 0.4000 -> 0.1000 (-0.3000; max_class_drop "
                                  "0.0500)",)
     rare = decide(champ, _m(0.60, {"cat": 0.9, "dog": 0.45, "rare": 0.0}), GATE)
-    assert rare.promote and "class rare" in rare.notes[0] and "2 val boxes" in rare.notes[0]
+    assert rare.promote and "class rare" in rare.notes[0] and "2 boxes" in rare.notes[0]
 
 
 def test_a_slice_that_regresses_and_an_insignificant_delta_are_reasons():
@@ -116,3 +116,44 @@ def test_the_paired_interval_covers_a_real_difference_and_handles_a_model_with_n
     empty = paired_delta_interval(None, b, 120, 200, 0.95, 0)
     assert 0 < empty.low <= empty.high
     assert summarize(gt, run_cocoeval(gt, [])).map == 0.0  # no detections: 0, not a crash
+
+
+def test_size_slices_come_from_cocoeval_overall_and_per_class():
+    doc = {"categories": [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}],
+           "images": [{"id": i, "file_name": f"{i}.jpg", "width": 400, "height": 400, "split": "test"}
+                      for i in (1, 2)],
+           "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "area": 400},
+                           {"id": 2, "image_id": 1, "category_id": 1, "bbox": [100, 100, 150, 150], "area": 22500},
+                           {"id": 3, "image_id": 2, "category_id": 2, "bbox": [50, 50, 60, 60], "area": 3600}]}
+    gt = ground_truth(doc, "test")
+    # a finds its large box only; b its medium box
+    dets = [{"image_id": 1, "category_id": 1, "bbox": [100, 100, 150, 150], "score": 0.9},
+            {"image_id": 2, "category_id": 2, "bbox": [50, 50, 60, 60], "score": 0.8}]
+    m = summarize(gt, run_cocoeval(gt, dets))
+    assert m.sizes == pytest.approx({"small": 0.0, "medium": 1.0, "large": 1.0})
+    assert {k: pytest.approx(v) for k, v in m.per_class_size.items()} == {
+        "a": {"small": 0.0, "medium": -1.0, "large": 1.0}, "b": {"small": -1.0, "medium": 1.0, "large": -1.0}}
+    empty = summarize(gt, None)  # no detections: 0 where there is ground truth, -1 where none
+    assert empty.sizes == {"small": 0.0, "medium": 0.0, "large": 0.0}
+    assert empty.per_class_size["b"] == {"small": -1.0, "medium": 0.0, "large": -1.0}
+
+
+def test_the_size_guard_is_off_by_default_and_gates_like_the_forgetting_guard():
+    boxes = {"cat": {"small": 30, "medium": 10, "large": 3}, "dog": {"small": 2, "medium": 20, "large": 20}}
+
+    def sized(small: float, cat_large: float, dog_small: float) -> ModelMetrics:
+        return ModelMetrics(0.5, {"cat": 0.5, "dog": 0.5}, {}, CLASSES, None, {"small": small, "medium": 0.5,
+                            "large": 0.5}, {"cat": {"small": small, "medium": 0.5, "large": cat_large},
+                                           "dog": {"small": dog_small, "medium": 0.5, "large": 0.5}}, boxes)
+
+    champ = sized(0.4, 0.6, 0.6)
+    worse = ModelMetrics(**{**sized(0.2, 0.1, 0.1).__dict__, "map": 0.6})
+    assert decide(champ, worse, GATE).promote  # max_size_drop: null
+    d = decide(champ, worse, GATE.model_copy(update={"max_size_drop": 0.05}))
+    assert not d.promote
+    assert d.reasons == ("size small: mAP50-95 fell 0.4000 -> 0.2000 (-0.2000; max_size_drop 0.0500)",
+                         "size: class cat, small objects: AP50-95 fell 0.4000 -> 0.2000 (-0.2000; max_size_drop "
+                         "0.0500)")
+    # cat's 3 large boxes and dog's 2 small ones are too few to gate: reported
+    assert any("class cat, large objects" in n and "3 boxes" in n for n in d.notes)
+    assert any("class dog, small objects" in n and "2 boxes" in n for n in d.notes)

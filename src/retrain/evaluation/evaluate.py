@@ -1,10 +1,13 @@
 """``retrain evaluate``: the champion and the candidate on the same images, scored by the same code.
 
-Both models predict on the master's val split (``detector.predict``: ultralytics' NMS with the ``evaluate``
-settings, boxes mapped back to each original image); ``metrics.score`` scores them with pycocotools overall, per
-class and per origin batch, and the per-image matches feed a paired bootstrap of the mAP50-95 delta.  Writes
-``reports/eval.json`` (DVC metrics), ``reports/eval.md`` and PNG plots in ``reports/plots/``.  The champion comes
-in as a model file (the command resolves it in the registry); this stage reads no registry.
+Both models predict on the master's test split, the images no training choice looked at (``detector.predict``:
+ultralytics' NMS with the ``evaluate`` settings, boxes mapped back to each original image); ``metrics.score``
+scores them with pycocotools overall, per class, per object size and per origin batch, and the per-image matches
+feed a paired bootstrap of the mAP50-95 delta.  The same two models on val are reported beside: val picked the
+candidate's checkpoint, so it flatters the candidate, and the gate never reads it.  A master without test images
+(``merge.test_fraction: 0``) is judged on val, and the report says so.  Writes ``reports/eval.json`` (DVC metrics),
+``reports/eval.md`` and PNG plots in ``reports/plots/``.  The champion comes in as a model file (the command
+resolves it in the registry); this stage reads no registry.
 """
 
 from __future__ import annotations
@@ -26,32 +29,42 @@ from retrain.detector.registered import RegisteredModel
 from retrain.device import cpu_threads
 from retrain.errors import RetrainError
 from retrain.evaluation.render import markdown, plots
-from retrain.evaluation.report import Candidate, Champion, Delta, EvalReport
+from retrain.evaluation.report import Candidate, Champion, Delta, EvalReport, ValSide
 from retrain.fsutil import replace_dir, write_atomic
 from retrain.metrics.bootstrap import matches, paired_delta_interval
-from retrain.metrics.coco import Score, ground_truth, score
+from retrain.metrics.coco import SIZES, Score, SliceMetrics, ground_truth, score, size_of
 from retrain.paths import Paths
 from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
 
 
-def _slices(master: Master) -> dict[str, list[int]]:
-    """Origin batch -> its val image ids."""
+def _slices(master: Master, split: str) -> dict[str, list[int]]:
+    """Origin batch -> its image ids in ``split``."""
     out: dict[str, list[int]] = {}
-    for im in master.images("val"):
+    for im in master.images(split):
         out.setdefault(str(im.get("batch", "unknown")), []).append(int(im["id"]))
     return dict(sorted(out.items()))
 
 
-def _predict(mf: ModelFile, master: Master, params: Params, cache_dir: Path) -> list[dict[str, Any]]:
+def _predict(mf: ModelFile, master: Master, split: str, params: Params, cache_dir: Path) -> list[dict[str, Any]]:
     e = params.evaluate
-    return predict_split(mf, master, "val", Nms(e.conf, e.iou, e.max_det), e.batch, params.train, params.runtime,
+    return predict_split(mf, master, split, Nms(e.conf, e.iou, e.max_det), e.batch, params.train, params.runtime,
                          cache_dir)
 
 
+def _score(mf: ModelFile, master: Master, split: str, params: Params, cache_dir: Path) -> Score:
+    gt = ground_truth(master.doc, split)
+    return score(gt, _predict(mf, master, split, params, cache_dir), _slices(master, split))
+
+
+def judged_split(master: Master) -> str:
+    """``test`` when the master has test images, else ``val``."""
+    return "test" if master.images("test") else "val"
+
+
 def evaluate_models(paths: Paths, params: Params, champion: RegisteredModel | None) -> EvalReport:
-    """Evaluate the candidate (``models/candidate``) and ``champion`` on the master's val split.
+    """Evaluate the candidate (``models/candidate``) and ``champion`` on the master's test split (val beside).
 
     Args:
         paths: The workspace.
@@ -75,30 +88,47 @@ def evaluate_models(paths: Paths, params: Params, champion: RegisteredModel | No
     if trained_on != master.version:
         raise RetrainError(f"{candidate_file}: trained on data {str(trained_on)[:12]}, but the master is "
                            f"{master.version[:12]}; run 'retrain train' on this master first")
-    gt = ground_truth(master.doc, "val")
-    slices = _slices(master)
+    split = judged_split(master)
+    gt = ground_truth(master.doc, split)
     instances = Counter(gt.cats[a["category_id"]]["name"] for a in gt.dataset["annotations"])
+    sized = Counter((gt.cats[a["category_id"]]["name"], size_of(a["area"])) for a in gt.dataset["annotations"])
     t0 = time.perf_counter()
-    cand = score(gt, _predict(candidate, master, params, paths.cache), slices)
-    champ: Score | None = None
+    cand = _score(candidate, master, split, params, paths.cache)
+    cand_val = _score(candidate, master, "val", params, paths.cache) if split != "val" else None
+    champ = champ_val = None
     champ_entry = delta = None
     if champion is not None:
         champ_file = load_model_file(champion.weights)
-        champ = score(gt, _predict(champ_file, master, params, paths.cache), slices)
+        champ = _score(champ_file, master, split, params, paths.cache)
+        champ_val = _score(champ_file, master, "val", params, paths.cache) if split != "val" else None
         champ_entry = Champion(version=champion.version, classes=list(champ_file.names), imgsz=champ_file.imgsz,
                                metrics=champ.record())
         delta = _delta(champ, cand, params)
+    val = None
+    if cand_val is not None:
+        val = ValSide(images=cand_val.overall.images, candidate=_side(cand_val),
+                      champion=None if champ_val is None else _side(champ_val))
+    notes = [] if split == "test" else ["the master has no test images (merge.test_fraction is 0, or too few "
+                                        "images): judged on val, which chose the candidate's checkpoint and so "
+                                        "flatters it"]
     report = EvalReport(
-        data_version=master.version, images=len(gt.getImgIds()),
+        data_version=master.version, split=split, images=len(gt.getImgIds()),
         instances={n: instances.get(n, 0) for n in master.names},
+        size_instances={n: {z: sized.get((n, z), 0) for z in SIZES} for n in master.names},
         candidate=Candidate(classes=list(candidate.names), imgsz=candidate.imgsz, metrics=cand.record(),
                             sha256=hashlib.sha256(candidate_file.read_bytes()).hexdigest()),
-        champion=champ_entry, delta=delta, seconds=round(time.perf_counter() - t0, 1))
+        champion=champ_entry, delta=delta, val=val, notes=notes)
     _write(paths, report, lambda folder: plots(report, None if champ is None else champ.ev, cand.ev, folder))
     if report.champion is not None:
         log.debug("champion (version %s) mAP50-95 %.4f", report.champion.version, report.champion.metrics.map)
-    log.debug("candidate mAP50-95 %.4f on %d val images", cand.overall.map, report.images)
+    log.info("evaluated in %.1f s: candidate mAP50-95 %.4f on %d %s images", time.perf_counter() - t0,
+             cand.overall.map, report.images, split)
     return report
+
+
+def _side(s: Score) -> SliceMetrics:
+    """The overall numbers of a score, as the val side of the report holds them."""
+    return SliceMetrics.model_validate({k: v for k, v in s.overall.to_json().items()})
 
 
 def _delta(champ: Score, cand: Score, params: Params) -> Delta:

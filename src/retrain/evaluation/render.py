@@ -21,29 +21,47 @@ def _signed(new: float | None, old: float | None) -> str:
 
 
 def markdown(report: EvalReport) -> str:
-    """The evaluation as markdown: overall, per class, per origin batch, and the bootstrap interval."""
+    """The evaluation as markdown: overall, val beside, per class, per object size, per origin batch, and the
+    bootstrap interval."""
     cand = report.candidate.metrics
     champ = report.champion.metrics if report.champion else None
     title = f"champion (v{report.champion.version})" if report.champion else "champion (none yet)"
-    lines = [f"# Evaluation on {report.images} val images (data {report.data_version[:12]})", "",
+    split = report.split
+    lines = [f"# Evaluation on {report.images} {split} images (data {report.data_version[:12]})", "",
+             *[f"Note: {n}." for n in report.notes], *([""] if report.notes else []),
+             f"The gate judges on the {split} split.", "",
              f"| metric | {title} | candidate | delta |", "|---|---:|---:|---:|"]
     for key, attr in (("mAP50-95", "map"), ("mAP50", "map50"), ("mAP75", "map75"), ("AR100", "ar100")):
         old = getattr(champ, attr) if champ else None
         new = getattr(cand, attr)
         lines.append(f"| {key} | {_num(old)} | {_num(new)} | {_signed(new, old)} |")
+    if report.val is not None:
+        v = report.val
+        old_v = v.champion.map if v.champion else None
+        lines.append(f"| mAP50-95 on the {v.images} val images (beside: val chose the candidate's checkpoint) | "
+                     f"{_num(old_v)} | {_num(v.candidate.map)} | {_signed(v.candidate.map, old_v)} |")
     delta = report.delta
     if delta:
         lo, hi = delta.ci
-        lines += ["", f"Paired bootstrap over val images ({delta.resamples} resamples): candidate - champion "
+        lines += ["", f"Paired bootstrap over {split} images ({delta.resamples} resamples): candidate - champion "
                   f"mAP50-95 {delta.map:+.4f}, {delta.confidence:.0%} interval [{lo:+.4f}, {hi:+.4f}]."]
-    lines += ["", "## Per class (AP50-95)", "", f"| class | val boxes | {title} | candidate | delta |",
-              "|---|---:|---:|---:|---:|"]
+    lines += ["", "## Per object size (AP50-95; COCO: small < 32x32 px, medium < 96x96, large)", "",
+              f"| size | boxes | {title} | candidate | delta |", "|---|---:|---:|---:|---:|"]
+    for size, new_s in cand.sizes.items():
+        old_s = champ.sizes.get(size) if champ else None
+        boxes = sum(c.get(size, 0) for c in report.size_instances.values())
+        lines.append(f"| {size} | {boxes} | {_num(old_s)} | {_num(new_s)} | {_signed(new_s, old_s)} |")
+    lines += ["", "## Per class (AP50-95; then small / medium / large)", "",
+              f"| class | {split} boxes | {title} | candidate | delta | candidate small / medium / large |",
+              "|---|---:|---:|---:|---:|---|"]
     for name, boxes in report.instances.items():
         old_ap = champ.per_class.get(name) if champ else None
         new_ap = cand.per_class.get(name)
         known = "" if not report.champion or name in report.champion.classes else " (new)"
-        lines.append(f"| {name}{known} | {boxes} | {_num(old_ap)} | {_num(new_ap)} | {_signed(new_ap, old_ap)} |")
-    lines += ["", "## Per origin batch (mAP50-95 on its val images)", "",
+        by_size = " / ".join(_num(v) for v in cand.per_class_size.get(name, {}).values())
+        lines.append(f"| {name}{known} | {boxes} | {_num(old_ap)} | {_num(new_ap)} | {_signed(new_ap, old_ap)} | "
+                     f"{by_size} |")
+    lines += ["", f"## Per origin batch (mAP50-95 on its {split} images)", "",
               f"| batch | images | {title} | candidate | delta |", "|---|---:|---:|---:|---:|"]
     for name, sl in cand.slices.items():
         old_map = champ.slices[name].map if champ else None
@@ -56,7 +74,7 @@ def plots(report: EvalReport, champ_ev: Any, cand_ev: Any, folder: Path) -> list
 
     Args:
         report: The evaluation report.
-        champ_ev: The champion's ``COCOeval``, accumulated over all val images (``None``: no champion or no detections).
+        champ_ev: The champion's ``COCOeval``, accumulated over all judged images (``None``: none, or no detections).
         cand_ev: The candidate's.
         folder: Where to write.
 
@@ -81,7 +99,7 @@ def plots(report: EvalReport, champ_ev: Any, cand_ev: Any, folder: Path) -> list
     ax.set_xticks(x, names, rotation=45 if len(names) > 8 else 0, ha="right" if len(names) > 8 else "center")
     ax.set_ylabel("AP50-95")
     ax.set_ylim(0, 1)
-    ax.set_title("AP per class on the val images")
+    ax.set_title(f"AP per class on the {report.split} images")
     ax.legend()
     fig.tight_layout()
     out = [folder / "per_class_ap.png"]

@@ -1,4 +1,4 @@
-"""``reports/eval.json``: champion and candidate on the same val images, as promote and the flow read it."""
+"""``reports/eval.json``: champion and candidate on the same test images (val beside), as promote reads it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from retrain.metrics.coco import MetricsRecord
+from retrain.metrics.coco import MetricsRecord, SliceMetrics
 from retrain.reports import Report
 
 
@@ -44,25 +44,47 @@ class Delta(_Part):
     resamples: int
 
 
+class ValSide(_Part):
+    """The same two models on the val split, reported beside the judged split (val chose the candidate's
+    checkpoint, so its numbers flatter the candidate; the gate never reads them).
+
+    Attributes:
+        images: Val images scored.
+        candidate: The candidate's metrics on val.
+        champion: The champion's, or ``None``.
+    """
+
+    images: int
+    candidate: SliceMetrics
+    champion: SliceMetrics | None
+
+
 class EvalReport(Report):
-    """A finished evaluation (DVC metrics).
+    """A finished evaluation (DVC metrics).  Byte for byte a function of its inputs (no timings): a promotion is
+    keyed by it.
 
     Attributes:
         data_version: sha256 of the master's ``annotations.json`` (``Master.version``), as the candidate's.
-        images: Val images scored.
-        instances: Class name -> val boxes.
+        split: The judged split: ``test``; ``val`` only when the master has no test images (then said in a note).
+        images: Images of that split scored.
+        instances: Class name -> boxes in that split.
+        size_instances: Class name -> object size (small, medium, large) -> boxes in that split.
         candidate: The candidate.
         champion: The champion, or ``None`` when the registry has none.
         delta: Candidate minus champion, or ``None`` without a champion.
-        seconds: Wall time of prediction and scoring.
+        val: Both models on val, beside (``None`` when val is the judged split).
+        notes: What the reader must know (e.g. no test split).
     """
 
     what: ClassVar[str] = "evaluate report"
 
     data_version: str
+    split: str = "val"
     images: int
     instances: dict[str, int]
+    size_instances: dict[str, dict[str, int]] = {}
     candidate: Candidate
     champion: Champion | None
     delta: Delta | None
-    seconds: float
+    val: ValSide | None = None
+    notes: list[str] = []

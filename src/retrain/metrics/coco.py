@@ -18,6 +18,9 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from pydantic import BaseModel, ConfigDict, Field
 
+#: COCO's object sizes, in COCOeval's order of area ranges after "all".
+SIZES = ("small", "medium", "large")
+
 
 @dataclass(frozen=True)
 class CocoMetrics:
@@ -30,6 +33,8 @@ class CocoMetrics:
         ar100: Average recall with at most 100 detections per image.
         per_class: Category name -> AP at IoU 0.50:0.95 (-1 for a class with no ground truth here).
         images: Images evaluated.
+        sizes: COCO object size (``small`` < 32x32 px, ``medium`` < 96x96, ``large``) -> mAP50-95 (-1: none here).
+        per_class_size: Category name -> size -> AP50-95 (-1: no ground truth of that class and size).
     """
 
     map: float
@@ -38,11 +43,14 @@ class CocoMetrics:
     ar100: float
     per_class: dict[str, float] = field(default_factory=dict)
     images: int = 0
+    sizes: dict[str, float] = field(default_factory=dict)
+    per_class_size: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """Plain numbers for reports and loggers."""
         return {"mAP50-95": self.map, "mAP50": self.map50, "mAP75": self.map75, "AR100": self.ar100,
-                "images": self.images, "per_class": dict(self.per_class)}
+                "images": self.images, "per_class": dict(self.per_class), "sizes": dict(self.sizes),
+                "per_class_size": {k: dict(v) for k, v in self.per_class_size.items()}}
 
 
 def ground_truth(doc: Mapping[str, Any], split: str | None = "val") -> COCO:
@@ -101,10 +109,13 @@ def summarize(gt: COCO, ev: COCOeval | None, image_ids: Iterable[int] | None = N
     names = {c["id"]: c["name"] for c in gt.dataset["categories"]}
     ids = sorted(gt.getImgIds() if image_ids is None else set(image_ids))
     if ev is None:
-        present = {a["category_id"] for a in gt.loadAnns(gt.getAnnIds(imgIds=ids))}
+        anns = gt.loadAnns(gt.getAnnIds(imgIds=ids))
+        present = {a["category_id"] for a in anns}
+        sized = {(a["category_id"], size_of(a["area"])) for a in anns}
         zero = 0.0 if present else -1.0
         return CocoMetrics(zero, zero, zero, zero, {n: (0.0 if c in present else -1.0) for c, n in names.items()},
-                           len(ids))
+                           len(ids), {s: (0.0 if any(z == s for _, z in sized) else -1.0) for s in SIZES},
+                           {n: {s: (0.0 if (c, s) in sized else -1.0) for s in SIZES} for c, n in names.items()})
     all_ids = ev.params.imgIds
     ev.params.imgIds = ids
     try:
@@ -113,8 +124,10 @@ def summarize(gt: COCO, ev: COCOeval | None, image_ids: Iterable[int] | None = N
             ev.summarize()
     finally:
         ev.params.imgIds = all_ids
+    # stats 3-5: AP50-95 of small, medium and large objects (COCOeval's area ranges 1-3)
     return CocoMetrics(float(ev.stats[0]), float(ev.stats[1]), float(ev.stats[2]), float(ev.stats[8]),
-                       _per_class(ev, names), len(ids))
+                       _per_class(ev, names), len(ids), {s: float(ev.stats[3 + i]) for i, s in enumerate(SIZES)},
+                       _per_class_size(ev, names))
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,8 @@ class SliceMetrics(BaseModel):
         map: mAP at IoU 0.50:0.95 (``mAP50-95``); ``map50``, ``map75``, ``ar100`` likewise.
         images: Images scored.
         per_class: Class name -> AP50-95 (-1: no ground truth of that class here).
+        sizes: Object size (small, medium, large) -> mAP50-95 (-1: no object of that size here).
+        per_class_size: Class name -> size -> AP50-95.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -157,6 +172,8 @@ class SliceMetrics(BaseModel):
     ar100: float = Field(alias="AR100")
     images: int
     per_class: dict[str, float]
+    sizes: dict[str, float] = {}
+    per_class_size: dict[str, dict[str, float]] = {}
 
 
 class MetricsRecord(SliceMetrics):
@@ -192,12 +209,23 @@ def score(gt: COCO, detections: Iterable[Mapping[str, Any]],
     return Score(overall, parts, len(dets), ev)
 
 
-def _per_class(ev: COCOeval, names: Mapping[int, str]) -> dict[str, float]:
-    """AP@[.50:.95] per category from the accumulated precision array (area all, maxDets 100)."""
+def _per_class(ev: COCOeval, names: Mapping[int, str], area: int = 0) -> dict[str, float]:
+    """AP@[.50:.95] per category from the accumulated precision array (area range ``area``: 0 = all; maxDets 100)."""
     precision = ev.eval["precision"]  # [T, R, K, A, M]
     out = {}
     for k, cat_id in enumerate(ev.params.catIds):
-        p = precision[:, :, k, 0, -1]
+        p = precision[:, :, k, area, -1]
         valid = p[p > -1]
         out[names[cat_id]] = float(np.mean(valid)) if valid.size else -1.0
     return out
+
+
+def _per_class_size(ev: COCOeval, names: Mapping[int, str]) -> dict[str, dict[str, float]]:
+    """Category name -> size -> AP@[.50:.95] (COCOeval's area ranges small, medium, large)."""
+    by_size = {s: _per_class(ev, names, 1 + i) for i, s in enumerate(SIZES)}
+    return {n: {s: by_size[s][n] for s in SIZES} for n in names.values()}
+
+
+def size_of(area: float) -> str:
+    """COCO's size of an object of ``area`` square pixels: ``small`` below 32², ``medium`` below 96², else ``large``."""
+    return "small" if area < 32**2 else "medium" if area < 96**2 else "large"

@@ -1,10 +1,12 @@
 """The promotion gate: a pure function of two models' metrics and the gate params (no I/O).
 
 ``decide`` says whether the candidate replaces the champion, and gives every rule that failed as a
-reason in plain words.  Rules (all must hold): the mAP50-95 delta reaches ``min_delta``; no class with
-enough val boxes loses more than ``max_class_drop`` AP (the forgetting guard); no origin batch's val
-images lose more than ``max_slice_drop``; optionally the bootstrap interval's lower bound is above 0.
-With no champion, the candidate needs ``min_map``.
+reason in plain words.  The metrics are those of the judged split (test: images no training choice
+looked at).  Rules (all must hold): the mAP50-95 delta reaches ``min_delta``; no class with enough boxes
+loses more than ``max_class_drop`` AP (the forgetting guard); no origin batch's images lose more than
+``max_slice_drop``; when ``max_size_drop`` is set, no object size (small, medium, large), overall or
+within a class with enough boxes of that size, loses more than it; optionally the bootstrap interval's
+lower bound is above 0.  With no champion, the candidate needs ``min_map``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ class ModelMetrics:
         map: mAP50-95 on all val images.
         per_class: Class name -> AP50-95 (-1: no ground truth).
         slices: Origin batch -> mAP50-95 on its val images (-1: no ground truth).
-        instances: Class name -> val boxes (the same for both models: the same images).
+        instances: Class name -> boxes (the same for both models: the same images).
         delta_ci: For the candidate: the bootstrap interval ``(low, high)`` of candidate-minus-champion mAP50-95.
+        sizes: Object size -> mAP50-95 (-1: no object of that size).
+        per_class_size: Class name -> size -> AP50-95.
+        size_instances: Class name -> size -> boxes.
     """
 
     map: float
@@ -32,6 +37,9 @@ class ModelMetrics:
     slices: Mapping[str, float] = field(default_factory=dict)
     instances: Mapping[str, int] = field(default_factory=dict)
     delta_ci: tuple[float, float] | None = None
+    sizes: Mapping[str, float] = field(default_factory=dict)
+    per_class_size: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    size_instances: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -53,7 +61,7 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
     """Whether the candidate should become the champion.
 
     Args:
-        champion: The champion's metrics on the val images; ``None`` when there is no champion yet.
+        champion: The champion's metrics on the judged images; ``None`` when there is no champion yet.
         candidate: The candidate's metrics on the same images (with ``delta_ci`` when there is a champion).
         gate: The ``promote`` params.
 
@@ -73,13 +81,13 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
     for name, old in sorted(champion.per_class.items()):
         new = candidate.per_class.get(name, 0.0)
         if old < 0 or new < 0:
-            continue  # no ground truth for this class in val
+            continue  # no ground truth for this class here
         drop = old - new
         if drop <= gate.max_class_drop:
             continue
         boxes = candidate.instances.get(name, 0)
         if boxes < gate.min_class_instances:
-            notes.append(f"class {name}: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} val boxes "
+            notes.append(f"class {name}: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} boxes "
                          f"(min_class_instances {gate.min_class_instances})")
         else:
             reasons.append(f"forgetting: class {name} AP50-95 fell {old:.4f} -> {new:.4f} ({-drop:+.4f}; "
@@ -89,6 +97,8 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
         if old >= 0 and new >= 0 and old - new > gate.max_slice_drop:
             reasons.append(f"slice {name}: mAP50-95 fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; "
                            f"max_slice_drop {gate.max_slice_drop:.4f})")
+    if gate.max_size_drop is not None:
+        _size_rules(champion, candidate, gate, gate.max_size_drop, reasons, notes)
     if gate.require_significant:
         if candidate.delta_ci is None:
             reasons.append("require_significant: no bootstrap interval for the delta")
@@ -96,3 +106,31 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
             low, high = candidate.delta_ci
             reasons.append(f"not significant: the delta's interval [{low:+.4f}, {high:+.4f}] does not lie above 0")
     return Decision(not reasons, tuple(reasons), tuple(notes))
+
+
+def _size_rules(champion: ModelMetrics, candidate: ModelMetrics, gate: PromoteParams, limit: float,
+                reasons: list[str], notes: list[str]) -> None:
+    """``max_size_drop``: each object size overall, then within each class, like the forgetting guard."""
+    for size, old in champion.sizes.items():
+        new = candidate.sizes.get(size, -1.0)
+        boxes = sum(c.get(size, 0) for c in candidate.size_instances.values())
+        if old < 0 or new < 0 or old - new <= limit:
+            continue
+        if boxes < gate.min_class_instances:
+            notes.append(f"{size} objects: mAP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} boxes "
+                         f"(min_class_instances {gate.min_class_instances})")
+        else:
+            reasons.append(f"size {size}: mAP50-95 fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; max_size_drop "
+                           f"{limit:.4f})")
+    for name, sizes in sorted(champion.per_class_size.items()):
+        for size, old in sizes.items():
+            new = candidate.per_class_size.get(name, {}).get(size, -1.0)
+            boxes = candidate.size_instances.get(name, {}).get(size, 0)
+            if old < 0 or new < 0 or old - new <= limit:
+                continue
+            if boxes < gate.min_class_instances:
+                notes.append(f"class {name}, {size} objects: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} "
+                             f"boxes (min_class_instances {gate.min_class_instances})")
+            else:
+                reasons.append(f"size: class {name}, {size} objects: AP50-95 fell {old:.4f} -> {new:.4f} "
+                               f"({new - old:+.4f}; max_size_drop {limit:.4f})")

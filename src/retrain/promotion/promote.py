@@ -62,7 +62,9 @@ def metrics_from_report(report: EvalReport) -> tuple[ModelMetrics | None, ModelM
     instances = dict(report.instances)
 
     def view(m: Any, ci: tuple[float, float] | None = None) -> ModelMetrics:
-        return ModelMetrics(m.map, dict(m.per_class), {k: v.map for k, v in m.slices.items()}, instances, ci)
+        return ModelMetrics(m.map, dict(m.per_class), {k: v.map for k, v in m.slices.items()}, instances, ci,
+                            dict(m.sizes), {k: dict(v) for k, v in m.per_class_size.items()},
+                            {k: dict(v) for k, v in report.size_instances.items()})
 
     ci = report.delta.ci if report.delta else None
     champ = report.champion
@@ -169,6 +171,10 @@ def _eval_metrics(evaluation: EvalReport) -> dict[str, float]:
         champ = evaluation.champion.metrics
         out |= {"eval/champion/mAP50-95": champ.map, "eval/champion/mAP50": champ.map50,
                 "eval/delta/mAP50-95": evaluation.delta.map}
+    if evaluation.val is not None:  # beside, never judged: val chose the candidate's checkpoint
+        out["eval/val/candidate/mAP50-95"] = evaluation.val.candidate.map
+        if evaluation.val.champion is not None:
+            out["eval/val/champion/mAP50-95"] = evaluation.val.champion.map
     return out
 
 
@@ -183,7 +189,7 @@ def _lineage_tags(paths: Paths, params: Params, evaluation: EvalReport, train: T
         "candidate_sha256": evaluation.candidate.sha256,
         "promotion_key": promotion_key(evaluation.candidate.sha256, paths.eval_report.read_bytes(),
                                        params_hash(params)),
-        "decision": "promote" if decision.promote else "reject",
+        "decision": "promote" if decision.promote else "reject", "judged_on": evaluation.split,
         "reasons": "; ".join(decision.reasons) or "every rule of the gate holds",
         "classes": ",".join(evaluation.candidate.classes),
         **{f"metric.{k}": f"{v:.6f}" for k, v in (("mAP50-95", cand.map), ("mAP50", cand.map50),
