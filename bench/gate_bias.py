@@ -20,7 +20,7 @@ copies) twice, with near-copy groups on and off, and reports val and test mAP50-
 holds frames of the scenes training saw.
 
 Writes a section into bench/RESULTS.md.  Usage:
-    python bench/gate_bias.py [--seeds 10] [--epochs 12] [--imgsz 128] [--data sample|coco128|both]
+    python bench/gate_bias.py [--seeds 10] [--epochs 40] [--imgsz 160] [--batch 8] [--data sample|coco128|both]
 """
 
 from __future__ import annotations
@@ -103,7 +103,13 @@ def _judge(paths: Paths, champion: Path) -> dict[str, Any]:
                   params.promote)
     val = decide(_view(report.val.champion.per_class, report.val.champion.map, val_instances),
                  _view(report.val.candidate.per_class, report.val.candidate.map, val_instances), params.promote)
-    return {"test_pass": test.promote, "val_pass": val.promote,
+    assert report.delta is not None
+    lo, hi = report.delta.ci
+    # The paired bootstrap's spread of the test delta: with a candidate exactly as good as the champion, the
+    # delta still reaches min_delta with probability 1 - Phi(min_delta / sd) (what min_delta implies).
+    sd = max((hi - lo) / (2 * statistics.NormalDist().inv_cdf(0.5 + report.delta.confidence / 2)), 1e-9)
+    implied = 1 - statistics.NormalDist().cdf(params.promote.min_delta / sd)
+    return {"test_pass": test.promote, "val_pass": val.promote, "implied": implied,
             "cand_test": report.candidate.metrics.map, "cand_val": report.val.candidate.map,
             "champ_test": report.champion.metrics.map, "champ_val": report.val.champion.map}
 
@@ -137,8 +143,9 @@ def coco128_batches(base: Path) -> list[Path]:
     return out
 
 
-def gate_runs(name: str, batches: list[Path], base: Path, seeds: int, epochs: int, imgsz: int) -> dict[str, Any]:
-    recipe = {"imgsz": imgsz, "epochs": epochs, "batch": 16, "use_champion": False, "base_model": "",
+def gate_runs(name: str, batches: list[Path], base: Path, seeds: int, epochs: int, imgsz: int,
+              batch: int) -> dict[str, Any]:
+    recipe = {"imgsz": imgsz, "epochs": epochs, "batch": batch, "use_champion": False, "base_model": "",
               "eval_interval": 1, "patience": epochs, "lr": 0.004, "augment": {"close_mosaic": max(1, epochs // 4)}}
     paths = _workspace(base / name, batches, {}, recipe)
     champion_file, champion_s = _train(paths, seed=0)
@@ -165,13 +172,13 @@ def _split_counts(paths: Paths) -> str:
     return "/".join(str(len(m.images(s))) for s in ("train", "val", "test"))
 
 
-def near_copy_runs(base: Path, epochs: int, imgsz: int) -> list[dict[str, Any]]:
+def near_copy_runs(base: Path, epochs: int, imgsz: int, batch: int) -> list[dict[str, Any]]:
     from retrain.data.sample import generate_scenes
 
     scenes = generate_scenes(base / "scenes-data" / "batch-1", scenes=24, frames=8, seed=5, copies=2).path
     out = []
     for label, distance in (("groups on", 40), ("groups off", -1)):
-        recipe = {"imgsz": imgsz, "epochs": epochs, "batch": 16, "use_champion": False, "base_model": "",
+        recipe = {"imgsz": imgsz, "epochs": epochs, "batch": batch, "use_champion": False, "base_model": "",
                   "eval_interval": 1, "patience": epochs, "lr": 0.004, "seed": 0,
                   "augment": {"close_mosaic": max(1, epochs // 4)}}
         paths = _workspace(base / f"scenes-{distance}", [scenes], {"near_duplicate_distance": distance}, recipe)
@@ -184,6 +191,16 @@ def near_copy_runs(base: Path, epochs: int, imgsz: int) -> list[dict[str, Any]]:
     return out
 
 
+ABOUT = (
+    "yolo11n from scratch; the champion is seed 0; each seed adds a **rerun** (the champion's recipe, another "
+    "seed: not better in expectation) and a **weaker** candidate (a third of the epochs). Both judged against the "
+    "champion on the same master by the gate (`min_delta` as in params, forgetting guard on, `min_class_instances` "
+    "as in params), once on val (which picked each candidate's best epoch) and once on test (which nothing looked "
+    "at). The implied rate: with a candidate exactly as good as the champion, the test delta still reaches "
+    "`min_delta` with probability 1 - Phi(min_delta / sd), sd from each evaluation's paired bootstrap. The val "
+    "split's optimism is the mean val - test gap of the models it selected.")
+
+
 def _rate(rows: list[dict[str, Any]], key: str) -> str:
     n = sum(r[key] for r in rows)
     return f"{n}/{len(rows)} ({n / len(rows):.0%})"
@@ -194,21 +211,18 @@ def section(results: list[dict[str, Any]], copies: list[dict[str, Any]], args: a
     lines = [
         "## gate_bias: does a candidate that is not better pass the gate, with val or test as judge?", "",
         f"Machine: {machine()}. Run: `python bench/gate_bias.py --seeds {args.seeds} --epochs {args.epochs} "
-        f"--imgsz {args.imgsz} --data {args.data}` ({wall / 60:.0f} min). yolo11n from scratch; the champion is seed "
-        "0; each seed adds a **rerun** (the champion's recipe, another seed: not better in expectation) and a "
-        "**weaker** candidate (a third of the epochs). Both judged against the champion on the same master by the "
-        "gate (`min_delta` as in params, forgetting guard on, `min_class_instances` as in params), once on val "
-        "(which picked each candidate's best epoch) and once on test (which nothing looked at).", "",
-        "| data (train/val/test images) | candidate | passes, val judge | passes, test judge | mean val - test "
-        "mAP50-95, candidate | mean val - test, champion | val optimism (candidate gap - champion gap) |",
+        f"--imgsz {args.imgsz} --batch {args.batch} --data {args.data}` ({wall / 60:.0f} min). " + ABOUT, "",
+        "| data (train/val/test images) | candidate | passes, val judge | passes, test judge | rate min_delta "
+        "implies for an equal candidate (test) | mean val - test mAP50-95, candidate | mean val - test, champion |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for res in results:
         for kind, rows in res["rows"].items():
             cgap = statistics.mean(r["cand_val"] - r["cand_test"] for r in rows)
             hgap = statistics.mean(r["champ_val"] - r["champ_test"] for r in rows)
+            implied = statistics.mean(r["implied"] for r in rows)
             lines.append(f"| {res['name']} ({res['splits']}) | {kind} | {_rate(rows, 'val_pass')} | "
-                         f"{_rate(rows, 'test_pass')} | {cgap:+.4f} | {hgap:+.4f} | {cgap - hgap:+.4f} |")
+                         f"{_rate(rows, 'test_pass')} | {implied:.0%} | {cgap:+.4f} | {hgap:+.4f} |")
     lines += ["", "Per seed (candidate mAP50-95 on val / test; the champion's is the same in every row of a data "
               "set):", ""]
     for res in results:
@@ -230,8 +244,9 @@ def section(results: list[dict[str, Any]], copies: list[dict[str, Any]], args: a
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--epochs", type=int, default=12)
-    ap.add_argument("--imgsz", type=int, default=128)
+    ap.add_argument("--epochs", type=int, default=40)
+    ap.add_argument("--imgsz", type=int, default=160)
+    ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--data", choices=("sample", "coco128", "both"), default="sample")
     ap.add_argument("--no-near-copies", action="store_true")
     args = ap.parse_args()
@@ -239,10 +254,12 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="gate-bias-"))
     results = []
     if args.data in ("sample", "both"):
-        results.append(gate_runs("sample", sample_batches(base), base, args.seeds, args.epochs, args.imgsz))
+        results.append(gate_runs("sample", sample_batches(base), base, args.seeds, args.epochs, args.imgsz,
+                                 args.batch))
     if args.data in ("coco128", "both"):
-        results.append(gate_runs("coco128", coco128_batches(base), base, args.seeds, args.epochs, args.imgsz))
-    copies = [] if args.no_near_copies else near_copy_runs(base, args.epochs, args.imgsz)
+        results.append(gate_runs("coco128", coco128_batches(base), base, args.seeds, args.epochs, args.imgsz,
+                                 args.batch))
+    copies = [] if args.no_near_copies else near_copy_runs(base, args.epochs, args.imgsz, args.batch)
     text = section(results, copies, args, time.perf_counter() - t0)
     update_results_md(text)
     print(text)

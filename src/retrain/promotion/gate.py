@@ -111,26 +111,19 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
 def _size_rules(champion: ModelMetrics, candidate: ModelMetrics, gate: PromoteParams, limit: float,
                 reasons: list[str], notes: list[str]) -> None:
     """``max_size_drop``: each object size overall, then within each class, like the forgetting guard."""
-    for size, old in champion.sizes.items():
-        new = candidate.sizes.get(size, -1.0)
-        boxes = sum(c.get(size, 0) for c in candidate.size_instances.values())
+    checks = [(f"size {size}", f"{size} objects", "mAP50-95", old, candidate.sizes.get(size, -1.0),
+               sum(c.get(size, 0) for c in candidate.size_instances.values()))
+              for size, old in champion.sizes.items()]
+    checks += [(f"size: class {name}, {size} objects", f"class {name}, {size} objects", "AP50-95", old,
+                candidate.per_class_size.get(name, {}).get(size, -1.0),
+                candidate.size_instances.get(name, {}).get(size, 0))
+               for name, sizes in sorted(champion.per_class_size.items()) for size, old in sizes.items()]
+    for reason, note, metric, old, new, boxes in checks:
         if old < 0 or new < 0 or old - new <= limit:
             continue
         if boxes < gate.min_class_instances:
-            notes.append(f"{size} objects: mAP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} boxes "
-                         f"(min_class_instances {gate.min_class_instances})")
+            notes.append(f"{note}: {metric} {old:.4f} -> {new:.4f} not gated: {boxes} boxes (min_class_instances "
+                         f"{gate.min_class_instances})")
         else:
-            reasons.append(f"size {size}: mAP50-95 fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; max_size_drop "
+            reasons.append(f"{reason}: {metric} fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; max_size_drop "
                            f"{limit:.4f})")
-    for name, sizes in sorted(champion.per_class_size.items()):
-        for size, old in sizes.items():
-            new = candidate.per_class_size.get(name, {}).get(size, -1.0)
-            boxes = candidate.size_instances.get(name, {}).get(size, 0)
-            if old < 0 or new < 0 or old - new <= limit:
-                continue
-            if boxes < gate.min_class_instances:
-                notes.append(f"class {name}, {size} objects: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} "
-                             f"boxes (min_class_instances {gate.min_class_instances})")
-            else:
-                reasons.append(f"size: class {name}, {size} objects: AP50-95 fell {old:.4f} -> {new:.4f} "
-                               f"({new - old:+.4f}; max_size_drop {limit:.4f})")
