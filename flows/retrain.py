@@ -28,7 +28,7 @@ from retrain.nodata import no_batch_yet
 from retrain.paths import Paths
 from retrain.runlock import describe, repair_dvc_locks, run_lock
 from retrain.workspace import master_dvc_md5, require_workspace
-from tasks.artifacts import publish_evaluation, publish_summary, publish_validation
+from tasks.artifacts import publish_audit, publish_evaluation, publish_summary, publish_validation
 from tasks.ingest import ingest_batch, waiting
 from tasks.stages import StageFailed, run_stage, stage_order
 from tasks.versioning import dvc_push, git_commit
@@ -188,11 +188,15 @@ def _stage(paths: Paths, params: Params, stage: str, summary: RunSummary) -> Non
     except StageFailed:
         if stage == "validate":
             publish_validation(paths, failed=True)
+        if stage == "audit":
+            publish_audit(paths)
         raise
     summary.stages[stage] = run.ran
     summary.seconds[stage] = run.seconds
     if run.ran and stage == "validate":
         publish_validation(paths, failed=False)
+    if run.ran and stage == "audit":
+        publish_audit(paths)
     if run.ran and stage == "promote":
         promotion = publish_evaluation(paths, params.retrain.mlflow_ui)
         if promotion is not None:

@@ -20,6 +20,7 @@ from prefect.artifacts import (
 )
 from tqdm import tqdm
 
+from retrain.audit.report import AuditReport
 from retrain.evaluation.report import EvalReport
 from retrain.paths import Paths
 from retrain.promotion.report import PromotionReport
@@ -101,6 +102,34 @@ def publish_validation(paths: Paths, failed: bool) -> None:
         lines += [f"| {ch.get('status')} | {ch.get('table')} | {ch.get('rule')} | {ch.get('unexpected')} | "
                   f"{ch.get('what')} |" for ch in bad]
     create_markdown_artifact("\n".join(lines), key="retrain-validation", description="validation of the master")
+
+
+def publish_audit(paths: Paths) -> None:
+    """The label audit: per batch what was flagged (markdown, with where the page is), the flagged images (table),
+    and a link to the page of the worst images drawn."""
+    report = AuditReport.find(paths.audit_report)
+    if report is None:
+        return
+    page = paths.audit_page / "index.html"
+    stopped = " FAILED: the run stopped before training" if report.stops() else ""
+    lines = [f"# Label audit{stopped}", "", *[f"{n}" for n in report.notes], ""]
+    if report.champion is not None:
+        lines += [f"Champion version {report.champion} on the batches it has not trained on; confident at "
+                  f"{report.confident:g}; level {report.level}, bound {report.max_flagged_fraction:.0%} of a batch's "
+                  f"images. Report `{paths.audit_report}`; the worst images drawn: `{page}`.", "",
+                  "| batch | images | flagged | share | missing | wrong class | bad location |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {b}{' (over the bound)' if b in report.failed else ''} | {r.images} | {r.flagged} | "
+                  f"{r.flagged_fraction:.1%} | {r.issues['missing']} | {r.issues['wrong_class']} | "
+                  f"{r.issues['bad_location']} |" for b, r in report.batches.items()]
+    create_markdown_artifact("\n".join(lines), key="retrain-audit", description="label audit of the new batches")
+    if report.flagged:
+        create_table_artifact([{"batch": f.batch, "file": f.file_name, "score": round(f.score, 4),
+                                "issues": "; ".join(f"{x.kind} {x.label or '-'}->{x.predicted or '-'}"
+                                                    for x in f.issues)} for f in report.flagged],
+                              key="retrain-audit-flagged", description="images with suspect labels, worst first")
+        create_link_artifact(page.resolve().as_uri(), link_text="the worst audited images, drawn",
+                             key="retrain-audit-page", description="reports/audit/index.html (opens offline)")
 
 
 def publish_evaluation(paths: Paths, ui_base: str) -> PromotionReport | None:

@@ -80,6 +80,8 @@ def ingest_batch(root: str, source: str, name: str) -> dict[str, Any]:
         raise full from e
     for note in result.notes:
         logger.info("note: batch %s: %s", result.name, note)
+    for p in result.dropped:  # ingest.bad_boxes: drop
+        logger.warning("dropped: %s", p.format(result.name))
     moved = _set_aside(paths, Path(source))
     logger.info("batch %s %s: %d images, %d boxes%s", result.name,
                 "added" if result.added else "already ingested with the same content", result.images, result.boxes,

@@ -20,6 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 RUNTIME_KEYS = frozenset({"workers", "threads", "cache", "hugepages"})
 
 
+#: A promotion gate for tests: any first model is promoted; a candidate must be better by 0.001 without forgetting.
+GATE = {"min_map": 0.0, "min_delta": 0.001, "max_class_drop": 0.005, "min_class_instances": 1,
+        "max_slice_drop": 0.5, "require_significant": False}
+
+
 def set_params(root: Path, section: str, **values: Any) -> None:
     """Edit one section of a workspace's ``params.yaml`` (keys merged into it; ``train.augment`` merged too)."""
     import yaml
@@ -61,11 +66,16 @@ def run_cli(*args: str | Path, cwd: Path, env: dict[str, str] | None = None, che
     return proc
 
 
-def run_dvc(*args: str, cwd: Path) -> str:
-    """Run real DVC; fail the test with its output if it fails."""
-    proc = subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True,
+def dvc_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run real DVC (with this interpreter's ``retrain`` on PATH); the finished process, whatever its exit code."""
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "DVC_NO_ANALYTICS": "1",
                                "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+
+
+def run_dvc(*args: str, cwd: Path) -> str:
+    """Run real DVC; fail the test with its output if it fails."""
+    proc = dvc_process(*args, cwd=cwd)
     assert proc.returncode == 0, f"dvc {args}: {proc.stdout}\n{proc.stderr}"
     return proc.stdout
 

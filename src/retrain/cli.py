@@ -31,7 +31,7 @@ from retrain.workspace import upgrade as run_upgrade
 
 app = typer.Typer(
     name="retrain",
-    help="Keep an object detector current: ingest labelled batches, merge, validate, train, evaluate, promote.",
+    help="Keep an object detector current: ingest labelled batches, merge, validate, audit, train, evaluate, promote.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -81,11 +81,14 @@ def ingest(
     path: Annotated[Path, typer.Argument(help="Batch folder: COCO JSON, YOLO txt or Pascal VOC.")],
     name: Annotated[str | None, typer.Option(help="Name in data/batches (default: folder name).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, coco, yolo or voc.")] = "auto",
+    bad_boxes: Annotated[str | None, typer.Option(
+        "--bad-boxes", help="refuse or drop boxes of zero/negative size or with non-finite numbers, for this batch "
+        "(default: ingest.bad_boxes). drop lists each one and admits the batch; other rules still refuse.")] = None,
     project: ProjectOpt = Path("."),
 ) -> None:
     """Check a batch and add it to data/batches as an immutable, DVC-tracked batch."""
     paths, params = _workspace(project)
-    _out(runner.run_ingest(paths, params, path, name, fmt))
+    _out(runner.run_ingest(paths, params, path, name, fmt, bad_boxes))
 
 
 @app.command()
@@ -102,6 +105,12 @@ def merge(project: ProjectOpt = Path("."),
 def validate(project: ProjectOpt = Path(".")) -> None:
     """Validate data/master (great-expectations + image checks); exit 1 on any failed check (a DVC stage)."""
     _out(runner.run_validate(*_workspace(project)))
+
+
+@app.command()
+def audit(project: ProjectOpt = Path(".")) -> None:
+    """The champion looks for label errors in the batches it has not trained on (cleanlab; a DVC stage)."""
+    _out(runner.run_audit(*_workspace(project)))
 
 
 @app.command()

@@ -27,6 +27,7 @@ FILE = "code-versions.yaml"
 STAGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "merge": ("retrain.merge", ("orjson",)),
     "validate": ("retrain.validation.validate", ("great-expectations", "pandas", "pillow")),
+    "audit": ("retrain.audit.audit", ("torch", "torchvision", "ultralytics", "cleanlab", "numpy", "opencv-python")),
     "train": ("retrain.training.train", ("torch", "torchvision", "ultralytics", "pytorch-lightning", "pycocotools",
                                          "numpy", "opencv-python")),
     "evaluate": ("retrain.evaluation.evaluate", ("torch", "torchvision", "ultralytics", "pycocotools", "numpy",

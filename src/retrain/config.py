@@ -24,6 +24,10 @@ class IngestParams(_Section):
     """Knobs of ``retrain ingest`` (its checks are the batch half of ``validate``; their knobs live there)."""
 
     max_problems_shown: int = Field(default=50, ge=1, description="Problem lines printed for a refused batch.")
+    bad_boxes: Literal["refuse", "drop"] = Field(
+        default="refuse", description="A box of zero or negative size or with a non-finite number: refuse the "
+        "batch (the default), or drop those boxes alone, each listed in the batch's record, and admit the batch "
+        "(every other rule still refuses it). `retrain ingest --bad-boxes` overrides it for one batch.")
 
 
 class MergeParams(_Section):
@@ -158,6 +162,20 @@ class EvaluateParams(_Section):
     seed: int = Field(default=0, description="Seeds the bootstrap draws.")
 
 
+class AuditParams(_Section):
+    """Knobs of ``retrain audit``: the champion looks for label errors in the batches it has not trained on."""
+
+    level: Level = Field(default="warn", description="fail: a batch whose flagged share of images is above "
+                         "max_flagged_fraction stops the run before training; warn: report it and train.")
+    max_flagged_fraction: float = Field(default=0.2, ge=0, le=1,
+                                        description="The share of a batch's images that may be flagged.")
+    confident: float = Field(
+        default=0.5, gt=0, lt=1, description="A champion's box at least this confident counts as a confident "
+        "prediction: one with no label is a missing box, one over a label of another class a wrong class (cleanlab "
+        "uses 0.95, a level a small detector seldom reaches; bench/audit_quality.py chose 0.5).")
+    show: int = Field(default=50, ge=0, description="Worst images drawn in reports/audit/index.html.")
+
+
 class PromoteParams(_Section):
     """The promotion gate of ``retrain promote`` (``champion`` moves only when every rule holds)."""
 
@@ -238,6 +256,7 @@ class Params(_Section):
     merge: MergeParams = MergeParams()
     # The section is `validate` in params.yaml (the stage's name); `validate` is taken on pydantic models.
     validation: ValidateParams = Field(default=ValidateParams(), alias="validate")
+    audit: AuditParams = AuditParams()
     train: TrainParams = TrainParams()
     evaluate: EvaluateParams = EvaluateParams()
     promote: PromoteParams = PromoteParams()

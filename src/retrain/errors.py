@@ -75,15 +75,24 @@ class BatchRejected(RetrainError):
         return shown
 
 
-class ValidationFailed(RetrainError):
-    """The master failed validation: one line per failed check, then a summary."""
+class Told(RetrainError):
+    """An expected failure told in several lines: one per thing found, the last a summary (the exception's message)."""
 
     def __init__(self, lines: Sequence[str]) -> None:
-        self._lines = list(lines)
-        super().__init__(self._lines[-1] if self._lines else "validation failed")
+        self._lines = list(lines) or [f"{type(self).__name__}"]
+        super().__init__(self._lines[-1])
 
     def lines(self) -> list[str]:
         return list(self._lines)
+
+
+class ValidationFailed(Told):
+    """The master failed validation: one line per failed check, then a summary."""
+
+
+class AuditFailed(Told):
+    """The label audit found too many suspect labels in a batch (``audit.level: fail``): one line per batch, then a
+    summary."""
 
 
 class TransientError(RetrainError):

@@ -40,6 +40,7 @@ class IngestResult:
         images: Images in the batch.
         boxes: Boxes in the batch.
         notes: Remarks that did not refuse the batch.
+        dropped: Boxes left out under ``ingest.bad_boxes: drop``, one problem each (file, rule, message).
     """
 
     name: str
@@ -47,6 +48,7 @@ class IngestResult:
     images: int
     boxes: int
     notes: tuple[str, ...]
+    dropped: tuple[Problem, ...] = ()
 
 
 def _copy_verified(src: Path, dst: Path, sha256: str) -> None:
@@ -72,7 +74,7 @@ def remove_unadmitted(paths: Paths) -> None:
 
 
 def _write_batch(paths: Paths, name: str, fmt: str, batch: canonical.CanonicalBatch,
-                 notes: tuple[str, ...], seq: int) -> Path:
+                 notes: tuple[str, ...], seq: int, dropped: tuple[Problem, ...]) -> Path:
     paths.staging.mkdir(parents=True, exist_ok=True)
     stage = paths.staging / f"batch-{name}-{uuid.uuid4().hex[:8]}"
     try:
@@ -80,7 +82,8 @@ def _write_batch(paths: Paths, name: str, fmt: str, batch: canonical.CanonicalBa
             _copy_verified(src, stage / canonical.IMAGES / rel, sha)
         (stage / canonical.ANNOTATIONS).write_text(batch.text, encoding="utf-8")
         meta = canonical.BatchMeta(name, seq, fmt, batch.content_sha256, len(batch.coco["images"]),
-                                   len(batch.coco["annotations"]), notes)
+                                   len(batch.coco["annotations"]), notes,
+                                   tuple({"file": p.file, "rule": p.rule, "message": p.message} for p in dropped))
         (stage / canonical.META).write_text(dumps_canonical(meta.to_json()), encoding="utf-8")
         fsync_dir(stage)
     except BaseException:
@@ -112,7 +115,8 @@ def _admit(paths: Paths, name: str, stage: Path) -> None:
         raise
 
 
-def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, fmt: str = "auto") -> IngestResult:
+def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, fmt: str = "auto",
+           bad_boxes: str | None = None) -> IngestResult:
     """Check a batch and, if it passes, add it to ``data/batches`` as an immutable DVC-tracked batch.
 
     Args:
@@ -122,6 +126,7 @@ def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, 
             ``runtime.check_workers``.
         name: Name in ``data/batches``; default the folder's name.
         fmt: ``auto``, ``coco``, ``yolo`` or ``voc``.
+        bad_boxes: ``refuse`` or ``drop`` for this batch; ``None`` = ``ingest.bad_boxes``.
 
     Returns:
         What was done.
@@ -143,7 +148,10 @@ def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, 
         raise RetrainError(f"{source}: is already inside data/batches; ingest from outside the workspace's batches")
 
     parsed = read_batch(root, fmt)
-    valid, problems = validate_batch(parsed, params.validation, params.runtime.check_workers)
+    policy = bad_boxes or params.ingest.bad_boxes
+    if policy not in ("refuse", "drop"):
+        raise RetrainError(f"--bad-boxes must be refuse or drop; got {policy!r}")
+    valid, problems = validate_batch(parsed, params.validation, params.runtime.check_workers, policy)
     if valid is None:
         raise BatchRejected(name, problems, params.ingest.max_problems_shown)
     batch = canonical.build(valid)
@@ -154,14 +162,14 @@ def ingest(paths: Paths, source: Path, params: Params, name: str | None = None, 
     for _, meta in existing:
         if meta.content_sha256 == batch.content_sha256:
             log.debug("batch %s: same content as ingested batch %s; nothing changed", name, meta.name)
-            return IngestResult(meta.name, False, *counts, notes)
+            return IngestResult(meta.name, False, *counts, notes, valid.dropped)
     remove_unadmitted(paths)
     if paths.batch(name).exists() or paths.batch_dvc_file(name).exists():
         raise RetrainError(f"batch {name}: a batch of that name exists with other content; batches are "
                            "immutable, so ingest this one under a new --name")
     seq = max((m.seq for _, m in existing), default=0) + 1
-    stage = _write_batch(paths, name, parsed.format, batch, notes, seq)
+    stage = _write_batch(paths, name, parsed.format, batch, notes, seq, valid.dropped)
     _admit(paths, name, stage)
     log.debug("batch %s admitted: %d images, %d boxes, %d classes (%s)", name, *counts,
              len(parsed.categories), parsed.format)
-    return IngestResult(name, True, *counts, notes)
+    return IngestResult(name, True, *counts, notes, valid.dropped)

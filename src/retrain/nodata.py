@@ -3,7 +3,7 @@
 A weekly deployment or a ``dvc repro`` often runs before the first delivery.  The flow then ends at once
 (``Completed``, "nothing to retrain: no batch yet").  ``dvc repro`` has no way to stop a pipeline early without
 failing, so each stage records that state in the outputs ``dvc.yaml`` declares for it: merge writes the empty
-master and prints the one line; validate, train, evaluate and promote each write their outputs as ``{"no_data":
+master and prints the one line; validate, audit, train, evaluate and promote each write their outputs as ``{"no_data":
 true}`` records and print nothing.  DVC then has a complete, up-to-date pipeline, and the first ingested batch makes
 every stage stale again.  Only "no batch admitted" counts: a master that is empty while batches exist is stale (run
 merge), and the stages still refuse it.
@@ -28,7 +28,7 @@ def no_batch_yet(paths: Paths) -> bool:
 
 
 def record(paths: Paths, stage: str) -> None:
-    """Write ``stage``'s declared outputs as "no data yet" records (validate, train, evaluate, promote).
+    """Write ``stage``'s declared outputs as "no data yet" records (validate, audit, train, evaluate, promote).
 
     Args:
         paths: The workspace (with no batch).
@@ -38,6 +38,10 @@ def record(paths: Paths, stage: str) -> None:
         write_atomic(paths.validation_report, _RECORD)
         write_atomic(paths.validation_verdict, _RECORD)  # train's dependency; says nothing passed
         write_atomic(paths.validation_docs / "index.html", _PAGE.format(what="validated"))
+    elif stage == "audit":
+        write_atomic(paths.audit_report, _RECORD)
+        write_atomic(paths.audit_pass, _RECORD)  # train's dependency; says nothing was audited
+        write_atomic(paths.audit_page / "index.html", _PAGE.format(what="audited"))
     elif stage == "train":
         write_atomic(paths.train_report, _RECORD)
         write_atomic(paths.train_metrics, "epoch\n")

@@ -74,6 +74,21 @@ class Paths:
         return self.reports / "validation"
 
     @property
+    def audit_report(self) -> Path:
+        """``retrain audit``'s metrics (DVC metrics): the suspect labels of the batches the champion has not seen."""
+        return self.reports / "audit.json"
+
+    @property
+    def audit_pass(self) -> Path:
+        """Written only when the audit let the master through: names it (train's DVC dependency, for the order)."""
+        return self.reports / "audited.json"
+
+    @property
+    def audit_page(self) -> Path:
+        """The worst audited images drawn with their labels and the champion's boxes (open ``index.html``)."""
+        return self.reports / "audit"
+
+    @property
     def models(self) -> Path:
         return self.root / "models"
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from retrain import codeversions, nodata
 from retrain.config import Params
 from retrain.detector.registered import RegisteredModel
-from retrain.errors import ValidationFailed
+from retrain.errors import AuditFailed, ValidationFailed
 from retrain.paths import Paths
 
 if TYPE_CHECKING:
@@ -57,13 +57,18 @@ def _nothing_yet(paths: Paths, stage: str) -> bool:
     return True
 
 
-def run_ingest(paths: Paths, params: Params, source: Path, name: str | None, fmt: str) -> list[str]:
-    """``retrain ingest``."""
+def run_ingest(paths: Paths, params: Params, source: Path, name: str | None, fmt: str,
+               bad_boxes: str | None = None) -> list[str]:
+    """``retrain ingest`` (``bad_boxes`` overrides ``ingest.bad_boxes`` for this batch)."""
     from retrain.ingest import ingest
 
-    result = ingest(paths, source, params, name, fmt)
+    result = ingest(paths, source, params, name, fmt, bad_boxes)
     codeversions.record(paths)  # what `dvc repro` after it compares against
     lines = [f"note: batch {result.name}: {note}" for note in result.notes]
+    lines += [f"dropped: {p.format(result.name)}" for p in result.dropped]
+    if result.dropped:
+        lines.append(f"note: batch {result.name}: {len(result.dropped)} broken box(es) dropped, each listed above "
+                     f"and in data/batches/{result.name}/batch.json")
     if result.added:
         return [*lines, f"batch {result.name} added: {result.images} images, {result.boxes} boxes"]
     return [*lines, f"batch {result.name} already ingested with the same content; nothing changed"]
@@ -105,6 +110,33 @@ def run_validate(paths: Paths, params: Params) -> Iterator[str]:
     if failed:
         raise ValidationFailed([*failed, summary])
     yield summary
+
+
+def run_audit(paths: Paths, params: Params) -> list[str]:
+    """``retrain audit`` (a DVC stage): a line per audited batch; with ``audit.level: fail``, a batch over the bound
+    raises ``AuditFailed`` (one line each), and ``dvc repro`` stops before training."""
+    if _nothing_yet(paths, "audit"):
+        return []
+    from retrain.audit.audit import audit_batches
+
+    r = audit_batches(paths, params, champion(paths, params))
+    page = paths.audit_page / "index.html"
+    if r.champion is None:
+        return [f"audit: {n}" for n in r.notes]
+    lines = [f"note: {n}" for n in r.notes]
+    for name, b in r.batches.items():
+        lines.append(f"audit: batch {name}: {b.flagged} of {b.images} images flagged ({b.flagged_fraction:.0%}; "
+                     + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in b.issues.items()) + ")")
+    over = [f"batch {b}: {r.batches[b].flagged_fraction:.0%} of its images ({r.batches[b].flagged} of "
+            f"{r.batches[b].images}) have suspect labels, above audit.max_flagged_fraction "
+            f"{r.max_flagged_fraction:.0%}; see {page}" for b in r.failed]
+    if r.stops():
+        raise AuditFailed([*over, f"audit failed: {len(over)} batch(es) over the bound; nothing was trained. Fix "
+                           "the labels (replace the batch), or train on it anyway with audit.level: warn"])
+    summary = (f"audit: champion version {r.champion} found suspect labels in {len(r.flagged)} of "
+               f"{sum(b.images for b in r.batches.values())} images of {len(r.batches)} new batch(es); "
+               f"report {paths.audit_report}, pages {page}")
+    return [*lines, *[f"warning: {o}" for o in over], summary]
 
 
 def run_train(paths: Paths, params: Params) -> list[str]:

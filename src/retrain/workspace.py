@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from retrain import codeversions
-from retrain.config import MOVED
+from retrain.config import MOVED, Params
 from retrain.errors import ExternalToolError, WorkspaceError
 from retrain.paths import Paths
 
@@ -212,6 +212,7 @@ _OLD_DVC_YAML = frozenset({
     "08c98b7b87ccc54bb49d5853112f2deb041556e34a7c0a1c0beb4a1ebf6ba3cd",
     "a45aaa2e14b2e663ecb6bd3b2f406b5dc1ffa040473e1e47ec1baf09916c487c",
     "506b4c889a9bada6287335d5943dab77ee9ea380bbb6fac8c836ec7f252e8510",
+    "45ce2419e1c254fa1c41e8bde49c32fe3f214347ef70dc075673b76b50842f64",
 })
 
 
@@ -234,6 +235,16 @@ def upgrade(paths: Paths) -> list[str]:
                 if new_key not in doc[new_section]:
                     doc[new_section][new_key] = value
                 done.append(f"params.yaml: {section}.{key} -> {new_section}.{new_key}")
+        # A key this version's dvc.yaml lists must be in params.yaml (DVC refuses a missing one): a section or key
+        # new in this version is added with its default, which is what retrain used for it anyway.
+        for section, values in Params().model_dump(mode="json", by_alias=True).items():
+            if not isinstance(values, dict) or not isinstance(doc.get(section, {}), dict):
+                continue
+            have = doc.setdefault(section, {})
+            for key, value in values.items():
+                if key not in have:
+                    have[key] = value
+                    done.append(f"params.yaml: {section}.{key} added ({value!r}, the default)")
     current = template_text("dvc.yaml")
     text = paths.dvc_yaml.read_text(encoding="utf-8")
     if text != current:

@@ -178,3 +178,47 @@ def test_bad_batch_is_refused_and_nothing_changes(defect, ws_with_batch: Paths, 
     assert proc.stderr.rstrip().endswith("nothing was changed")
     assert snapshot(ws_with_batch.root) == before
     assert not Path("/tmp/retrain-canary").exists()
+
+
+def test_bad_boxes_drop_admits_the_batch_without_its_broken_boxes_and_records_each(
+        workspace: Paths, sample_root: Path, tmp_path: Path):
+    """`--bad-boxes drop`: a zero-area box and a NaN coordinate are left out, listed (file, rule) on the command's
+    output and in the batch's record; the batch is admitted. Another rule still refuses under drop, and the default
+    (refuse) refuses the same batch (the cases above)."""
+    batch = copy_batch(sample_root / "batch-2", tmp_path / "incoming" / "broken-boxes")
+    n = len(json.loads((batch / "annotations.json").read_text())["annotations"])
+    zero_area_box(batch)
+    _edit(batch, lambda d: d["annotations"][1].update(bbox=[5, float("nan"), 10, 10]))  # json writes NaN
+    refused = run_cli("ingest", batch, cwd=workspace.root)
+    assert refused.returncode == 1 and "[box-area]" in refused.stderr, refused.stderr
+
+    other = copy_batch(batch, tmp_path / "incoming" / "broken-and-outside")
+    box_outside(other)
+    before = snapshot(workspace.root)
+    still = run_cli("ingest", other, "--bad-boxes", "drop", cwd=workspace.root)
+    assert still.returncode == 1 and "[box-inside-image]" in still.stderr, still.stderr
+    assert snapshot(workspace.root) == before
+
+    proc = run_cli("ingest", batch, "--bad-boxes", "drop", cwd=workspace.root)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    dropped = [ln for ln in proc.stdout.splitlines() if ln.startswith("dropped: ")]
+    assert len(dropped) == 2, proc.stdout
+    assert "batch broken-boxes: annotations.json annotation 1: [box-area]" in dropped[0], dropped
+    assert "annotations.json annotation 2: [box-finite]" in dropped[1], dropped
+    meta = json.loads((workspace.batch("broken-boxes") / "batch.json").read_text())
+    assert [(d["file"], d["rule"]) for d in meta["dropped"]] == [
+        ("annotations.json annotation 1", "box-area"), ("annotations.json annotation 2", "box-finite")]
+    assert meta["counts"]["boxes"] == n - 2
+    admitted = json.loads((workspace.batch("broken-boxes") / "annotations.json").read_text())
+    assert len(admitted["annotations"]) == n - 2
+
+
+def test_the_bad_boxes_policy_comes_from_params(workspace: Paths, sample_root: Path, tmp_path: Path):
+    from retrain.workspace import set_params
+
+    batch = copy_batch(sample_root / "batch-2", tmp_path / "incoming" / "zero-area")
+    zero_area_box(batch)
+    set_params(workspace, {"ingest.bad_boxes": "drop"})
+    proc = run_cli("ingest", batch, cwd=workspace.root)
+    assert proc.returncode == 0 and "[box-area]" in proc.stdout, proc.stdout + proc.stderr
+    assert run_cli("ingest", batch, "--name", "again", "--bad-boxes", "refuse", cwd=workspace.root).returncode == 1

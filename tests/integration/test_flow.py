@@ -36,7 +36,7 @@ from tests.helpers import (
     tree_hash,
 )
 
-STAGES = ["merge", "validate", "train", "evaluate", "promote"]
+STAGES = ["merge", "validate", "audit", "train", "evaluate", "promote"]
 TINY_TRAIN = {"imgsz": 64, "epochs": 3, "batch": 8, "cache": "ram", "eval_interval": 1, "workers": 0,
               "augment": {"close_mosaic": 1}}
 

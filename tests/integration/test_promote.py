@@ -25,39 +25,12 @@ import yaml
 
 from retrain.detector.files import ModelFile, load_model_file, save_model_file
 from retrain.paths import Paths
-from tests.helpers import git, load_json, run_cli, run_dvc, set_params, set_train_params
+from tests.helpers import git, load_json, run_cli, run_dvc, set_params
 
 NAME = "retrain-detector"
-GATE = {"min_map": 0.0, "min_delta": 0.001, "max_class_drop": 0.005, "min_class_instances": 1,
-        "max_slice_drop": 0.5, "require_significant": False}
 LINEAGE = {"data_version", "data_dvc_md5", "git_rev", "git_dirty", "params_hash", "train_params_hash",
            "parent_version", "warm_start", "train_run_id", "decision", "reasons", "classes", "metric.mAP50-95",
            "metric.mAP50", "metric.mAP75", "metric.AR100"}
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`dvc repro` of the whole pipeline (merge .. promote) on 2 x 40 generated images; its first model is v1."""
-    from retrain.data.sample import generate
-    from retrain.workspace import init_workspace
-
-    base = tmp_path_factory.mktemp("promote")
-    generate(base / "samples", batches=2, images_per_batch=40, seed=0)
-    paths = init_workspace(base / "ws", remote=str(base / "remote"))
-    for b in ("batch-1", "batch-2"):
-        run_cli("ingest", base / "samples" / b, cwd=paths.root, check=True)
-    set_train_params(paths.root, imgsz=128, epochs=40, batch=8, cache="ram", use_champion=False, lr=0.004,
-                     eval_interval=20, workers=0, augment={"close_mosaic": 5})
-    set_params(paths.root, "evaluate", bootstrap=50)
-    set_params(paths.root, "promote", **GATE)
-    git("add", "-A", cwd=paths.root)
-    git("-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", "params for the test", cwd=paths.root)
-    out = run_dvc("repro", cwd=paths.root)
-    for stage in ("merge", "validate", "train", "evaluate", "promote"):
-        assert f"Running stage '{stage}'" in out, out
-    assert "promote" not in run_dvc("status", cwd=paths.root)  # every stage, promote included, is up to date
-    assert load_json(paths.root / "reports" / "promotion.json")["promoted"] is True
-    return paths.root
 
 
 def _fresh(trained: Path, dst: Path) -> Paths:

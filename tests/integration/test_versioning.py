@@ -171,6 +171,7 @@ def test_a_workspace_of_an_earlier_retrain_is_refused_with_the_remedy_then_upgra
     doc["validate"]["workers"] = 1
     doc["retrain"]["registry_wait"] = 30
     del doc["runtime"]
+    del doc["audit"]  # a section new in this version
     (ws / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     (ws / "dvc.yaml").write_text((ws / "dvc.yaml").read_text() + "# edited by hand\n")
     refused = run_cli("status", cwd=ws)
@@ -180,6 +181,7 @@ def test_a_workspace_of_an_earlier_retrain_is_refused_with_the_remedy_then_upgra
     up = run_cli("upgrade", cwd=ws, check=True)
     assert "params.yaml: train.threads -> runtime.threads" in up.stdout, up.stdout
     assert "params.yaml: validate.workers -> runtime.check_workers" in up.stdout
+    assert "params.yaml: audit.level added ('warn', the default)" in up.stdout, up.stdout  # dvc.yaml lists it
     assert "dvc.yaml was edited by hand: left alone" in up.stdout
     from retrain.config import load_params
 

@@ -52,9 +52,10 @@ class BatchMeta:
     images: int
     boxes: int
     notes: tuple[str, ...]
+    dropped: tuple[dict[str, str], ...] = ()  # boxes left out under ingest.bad_boxes: drop ({file, rule, message})
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        return ({"dropped": [dict(d) for d in self.dropped]} if self.dropped else {}) | {
             "schema": SCHEMA,
             "name": self.name,
             "seq": self.seq,
@@ -67,7 +68,8 @@ class BatchMeta:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BatchMeta:
         return cls(d["name"], int(d["seq"]), d["source_format"], d["content_sha256"],
-                   int(d["counts"]["images"]), int(d["counts"]["boxes"]), tuple(d.get("notes", ())))
+                   int(d["counts"]["images"]), int(d["counts"]["boxes"]), tuple(d.get("notes", ())),
+                   tuple(d.get("dropped", ())))
 
 
 def _clip(bbox: list[float], width: int, height: int) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 BASE_CLASSES = ("circle", "square", "triangle")
+KINDS = ("missing", "wrong_class", "bad_location")  # planted label errors, named as the audit names them
 NEW_CLASS = "star"
 _BACKGROUNDS = ("gradient", "stripes", "noise")
 _SCALES = ((36, 96), (24, 64), (48, 120))  # object side range in pixels, per batch (cycling)
@@ -232,3 +234,38 @@ def generate_scenes(out: Path, scenes: int, frames: int, seed: int, copies: int 
            "categories": [{"id": k + 1, "name": c} for k, c in enumerate(classes)]}
     (out / "annotations.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return SampleBatch(out, classes, len(images), len(anns))
+
+
+def plant_errors(src: Path, dst: Path, drop: float, relabel: float, shift: float, seed: int) -> dict[str, set[str]]:
+    """Copy a COCO batch with label errors planted box by box, as annotators make them (the audit's benchmark and
+    tests): each box independently is removed (``drop``), given another class of the batch (``relabel``) or moved
+    by half its size, staying in its image (``shift``).
+
+    Returns:
+        Per kind (``missing``, ``wrong_class``, ``bad_location``): the file names of the images with such an error.
+    """
+    shutil.copytree(src, dst)
+    doc = json.loads((src / "annotations.json").read_text())
+    rng = random.Random(seed)
+    images = {im["id"]: im for im in doc["images"]}
+    cats = [c["id"] for c in doc["categories"]]
+    planted: dict[str, set[str]] = {k: set() for k in KINDS}
+    kept = []
+    for a in doc["annotations"]:
+        r, im = rng.random(), images[a["image_id"]]
+        if r < drop:
+            planted["missing"].add(im["file_name"])
+            continue
+        if r < drop + relabel:
+            a["category_id"] = rng.choice([c for c in cats if c != a["category_id"]])
+            planted["wrong_class"].add(im["file_name"])
+        elif r < drop + relabel + shift:
+            x, y, w, h = a["bbox"]
+            x = x + w / 2 if x + 1.5 * w <= im["width"] else x - w / 2  # half its size, staying in the image
+            y = y + h / 2 if y + 1.5 * h <= im["height"] else y - h / 2
+            a["bbox"] = [max(0.0, x), max(0.0, y), w, h]
+            planted["bad_location"].add(im["file_name"])
+        kept.append(a)
+    doc["annotations"] = kept
+    (dst / "annotations.json").write_text(json.dumps(doc))
+    return planted

@@ -24,15 +24,18 @@ from retrain.device import on_cuda
 
 @dataclass(frozen=True)
 class Nms:
-    """NMS settings: confidence threshold, IoU threshold, detections kept per image."""
+    """NMS settings: confidence threshold, IoU threshold, detections kept per image, and whether a box may be kept
+    once per class above ``conf`` (the evaluation convention, for mAP) or only with its best class (a deployed
+    detector's answer, what the audit compares labels with)."""
 
     conf: float
     iou: float
     max_det: int
+    multi_label: bool = True
 
 
 def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], category_ids: Sequence[int],
-                conf: float, iou: float, max_det: int) -> list[dict[str, Any]]:
+                conf: float, iou: float, max_det: int, multi_label: bool = True) -> list[dict[str, Any]]:
     """NMS, back to original pixels, COCO result dicts.
 
     Args:
@@ -44,11 +47,12 @@ def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], 
         conf: Confidence threshold.
         iou: NMS IoU threshold.
         max_det: Detections kept per image.
+        multi_label: Keep a box once per class above ``conf`` (evaluation), or only with its best class.
 
     Returns:
         One dict per detection: ``image_id``, ``category_id``, ``bbox`` (x, y, w, h), ``score``.
     """
-    out = non_max_suppression(preds, conf, iou, multi_label=True, max_det=max_det)
+    out = non_max_suppression(preds, conf, iou, multi_label=multi_label, max_det=max_det)
     shape = batch["img"].shape[2:]
     dets: list[dict[str, Any]] = []
     for i, d in enumerate(out):
@@ -67,7 +71,7 @@ def postprocess(preds: Any, batch: Mapping[str, Any], image_ids: Sequence[int], 
 
 @torch.no_grad()
 def predict_loader(model: torch.nn.Module, loader: Any, image_ids: Mapping[str, int], category_ids: Sequence[int],
-                   conf: float, iou: float, max_det: int) -> list[dict[str, Any]]:
+                   conf: float, iou: float, max_det: int, multi_label: bool = True) -> list[dict[str, Any]]:
     """Detections of ``model`` (put in eval mode) on every batch of ``loader``, as COCO result dicts."""
     model.eval()
     device = next(model.parameters()).device
@@ -75,7 +79,7 @@ def predict_loader(model: torch.nn.Module, loader: Any, image_ids: Mapping[str, 
     for batch in loader:
         img = batch["img"].to(device).float() / 255
         ids = [image_ids[f] for f in batch["im_file"]]
-        dets.extend(postprocess(model(img), batch, ids, category_ids, conf, iou, max_det))
+        dets.extend(postprocess(model(img), batch, ids, category_ids, conf, iou, max_det, multi_label))
     return dets
 
 
@@ -100,4 +104,4 @@ def predict_split(mf: ModelFile, master: Master, split: str, nms: Nms, batch: in
     if on_cuda(tp):
         model = model.cuda()
     return predict_loader(model, reader.loader(ds, train=False), reader.image_ids(ds, split),
-                          category_ids_for(mf.names, master), nms.conf, nms.iou, nms.max_det)
+                          category_ids_for(mf.names, master), nms.conf, nms.iou, nms.max_det, nms.multi_label)

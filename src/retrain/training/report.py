@@ -26,6 +26,8 @@ class TrainReport(Report):
         mlflow_run_id: The MLflow run of this training.
         precision: Lightning's precision (``32-true``, ``bf16-mixed``).
         classes: Class names, in class-index order.
+        batches: The batches of the master it trained on (the candidate's model file keeps this report: as the
+            champion, it tells the audit which batches are new to it); ``None`` in reports of an earlier retrain.
     """
 
     what: ClassVar[str] = "train report"
@@ -43,3 +45,4 @@ class TrainReport(Report):
     mlflow_run_id: str | None
     precision: str
     classes: list[str]
+    batches: list[str] | None = None

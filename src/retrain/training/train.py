@@ -42,7 +42,7 @@ from retrain.training.datamodule import MasterDataModule
 from retrain.training.module import DetectorModule
 from retrain.training.report import TrainReport
 from retrain.training.trainer import build_trainer, keep_freed_memory, use_channels_last
-from retrain.validation.verdict import Verdict
+from retrain.validation.verdict import require_validated
 from retrain.workspace import require_workspace
 
 log = logging.getLogger(__name__)
@@ -151,14 +151,6 @@ def resolve_base(paths: Paths, params: Params, champion: RegisteredModel | None
     return None, {"kind": "scratch"}
 
 
-def _require_validated(paths: Paths, version: str) -> None:
-    """Training reads only a master that ``retrain validate`` passed (``reports/validated.json`` names it)."""
-    verdict = Verdict.find(paths.validation_verdict)
-    if verdict is None or verdict.master != version or not verdict.passed:
-        raise RetrainError(f"{paths.master}: this master has not passed validation ({paths.validation_verdict} "
-                           "does not name it); run 'retrain validate' (dvc repro runs it before train)")
-
-
 def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The ``DetectionModel`` part of a LightningModule state dict."""
     return {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
@@ -237,7 +229,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
     keep_freed_memory()  # steady training steps without page faults
     log.info(hugepages.describe(params.runtime.hugepages))
     master = load_master(paths.master, paths.data)
-    _require_validated(paths, master.version)
+    require_validated(paths, master.version)
     log.info("data: %d images re-hashed, all as ingested", verify_images(master))
     base, base_info = resolve_base(paths, params, champion)
     fp = fingerprint(master.version, p, base_info)
@@ -276,7 +268,8 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
                                                                     "new_classes": list(transfer.new_classes)},
         resumed_from=str(resume.name) if resume else None, epochs=trainer.current_epoch,
         best_epoch=int(ck["epoch"]) + 1, seconds=round(seconds, 1), ema=ema, raw=raw,
-        mlflow_run_id=loggers[0].run_id, precision=str(trainer.precision), classes=list(master.names))
+        mlflow_run_id=loggers[0].run_id, precision=str(trainer.precision), classes=list(master.names),
+        batches=[str(b) for b in master.doc.get("info", {}).get("batches", [])])
     candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report.to_json())  # type: ignore[arg-type]
     report.write(paths.train_report)
     loggers[0].log_metrics({"final/ema_mAP50-95": ema.map, "final/raw_mAP50-95": raw.map})

@@ -7,6 +7,7 @@ or the problems that refuse it.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,20 @@ def _image_problems(batch: SourceBatch, res: ImageResult, base: Path, label_file
     return Problem(batch.rel(res.path) if res.path else res.name, res.rule, res.message)
 
 
-def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
+#: The rules whose boxes ``ingest.bad_boxes: drop`` leaves out instead of refusing the batch (as the suite names them).
+DROPPABLE = ("box-finite", "box-area")
+
+
+def _broken(bbox: tuple[float, float, float, float]) -> tuple[str, str] | None:
+    """(rule, message) when a box is broken beyond repair: a non-finite number, or zero or negative size."""
+    if not all(math.isfinite(v) for v in bbox):
+        return "box-finite", f"box {list(bbox)} has a missing or non-finite number"
+    if bbox[2] <= 0 or bbox[3] <= 0:
+        return "box-area", f"box {[round(v, 2) for v in bbox]} has zero or negative size"
+    return None
+
+
+def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0, bad_boxes: str = "refuse"
                    ) -> tuple[ValidBatch | None, list[Problem]]:
     """Check a batch as read: its files, then its tables.
 
@@ -37,6 +51,8 @@ def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
         batch: The batch from a format reader (its reader problems are included in the answer).
         params: The ``validate`` section.
         workers: Processes checking images (``runtime.check_workers``; 0 = one per CPU core).
+        bad_boxes: ``refuse``, or ``drop``: boxes that break ``DROPPABLE`` rules are left out (listed in the answer's
+            ``dropped``) and the rules run on the rest; every other rule still refuses.
 
     Returns:
         ``(ValidBatch, [])`` when it passes, else ``(None, problems)``.
@@ -59,6 +75,7 @@ def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
     anns: list[dict[str, Any]] = []
     label_files: dict[int, str] = {}
     sources: dict[int, Path] = {}
+    dropped: list[Problem] = []
     for k, entry in enumerate(batch.images):
         info = results[k].info
         if info is None:
@@ -70,6 +87,16 @@ def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
                        **({"sequence": entry.sequence} if entry.sequence is not None else {})})
         sources[image_id] = results[k].path  # type: ignore[assignment]
         for box in entry.boxes:
+            broken = _broken(box.pixels(info.width, info.height))
+            if broken is not None:  # refused, or under ingest.bad_boxes: drop, left out and listed
+                if bad_boxes == "drop":
+                    dropped.append(Problem(box.label_file, broken[0], f"{broken[1]} (image "
+                                           f"{Path(entry.name).as_posix()}); dropped (ingest.bad_boxes: drop)"))
+                else:
+                    problems.append(Problem(box.label_file, broken[0], f"{broken[1]} (image "
+                                            f"{Path(entry.name).as_posix()}); a broken box can be dropped with "
+                                            "'retrain ingest --bad-boxes drop'"))
+                continue
             anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": box.category + 1,
                          "bbox": list(box.pixels(info.width, info.height))})
             label_files[len(anns)] = box.label_file
@@ -91,4 +118,4 @@ def validate_batch(batch: SourceBatch, params: ValidateParams, workers: int = 0
                 problems.extend(check.problems())
     if problems:
         return None, problems
-    return ValidBatch(coco, sources), []
+    return ValidBatch(coco, sources, tuple(dropped)), []

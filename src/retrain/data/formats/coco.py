@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +134,6 @@ def read_coco(root: Path) -> SourceBatch:  # noqa: C901 - one pass over a docume
         bbox = a.get("bbox")
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
             batch.problem(ann_file, "box-valid", f"annotation {a['id']}: bbox must be 4 numbers, got {bbox!r:.60}")
-            continue
-        if not all(math.isfinite(v) for v in bbox):
-            batch.problem(ann_file, "box-finite", f"annotation {a['id']}: bbox has a non-finite value {bbox}")
             continue
         cid = a.get("category_id")
         if not _is_int(cid) or cid not in cat_index:

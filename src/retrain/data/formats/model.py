@@ -107,7 +107,9 @@ def list_image_files(directory: Path) -> list[Path]:
 
 @dataclass(frozen=True)
 class ValidBatch:
-    """A batch that passed the batch checks: its COCO document and, per image id, the file to copy."""
+    """A batch that passed the batch checks: its COCO document, per image id the file to copy, and the boxes left
+    out under ``ingest.bad_boxes: drop`` (each as the problem that would have refused the batch)."""
 
     coco: dict[str, Any]
     sources: dict[int, Path]
+    dropped: tuple[Problem, ...] = ()

@@ -8,7 +8,6 @@ XML is parsed with defusedxml (no entity expansion, no external entities).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from xml.etree.ElementTree import Element
 
@@ -78,9 +77,6 @@ def read_voc(root: Path) -> SourceBatch:  # noqa: C901 - one pass over a documen
                 continue
             if not name:
                 batch.problem(where, "voc-structure", "object without <name>")
-                continue
-            if not all(math.isfinite(v) for v in coords):
-                batch.problem(where, "box-finite", f"bndbox has a missing or non-finite value {coords}")
                 continue
             objs.append((name, coords, where))
         parsed.append((xml, filename, _image_root(root, xml), claimed, objs))

@@ -7,7 +7,6 @@ label file is a background image; a label file without an image is reported, not
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +81,6 @@ def _parse_label_file(batch: SourceBatch, path: Path, n_classes: int) -> list[So
             continue
         if not 0 <= cls < n_classes:
             batch.problem(where, "known-class", f"class index {cls} is not among the {n_classes} names")
-            continue
-        if not all(math.isfinite(v) for v in values):
-            batch.problem(where, "box-finite", f"non-finite coordinate in {line.strip()!r:.60}")
             continue
         if len(values) == 4:
             coords = (values[0], values[1], values[2], values[3])
