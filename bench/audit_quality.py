@@ -62,7 +62,7 @@ def _coco128_split(out: Path, n_new: int) -> tuple[list[Path], Path]:
         ids = {im["id"] for im in ims}
         (out / name / "images").mkdir(parents=True)
         for im in ims:
-            shutil.copy2(src / "images" / "train2017" / im["file_name"], out / name / "images" / im["file_name"])
+            shutil.copy2(src / "train2017" / im["file_name"], out / name / "images" / im["file_name"])
         sub = {"images": ims, "categories": doc["categories"],
                "annotations": [a for a in doc["annotations"] if a["image_id"] in ids and not a.get("iscrowd")]}
         (out / name / "annotations.json").write_text(json.dumps(sub))
