@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from retrain.errors import RetrainError, TransientError, disk_full, transient_reason
+from retrain.lifeline import ENV as DIE_WITH_PARENT
 from retrain.lifeline import die_with_parent
 
 #: Loggers whose INFO lines are not for our users (they stay at WARNING unless --verbose).
@@ -42,7 +43,7 @@ def setup_logging(verbose: bool) -> None:
 def run(app: Callable[[], object]) -> None:
     """Run the command line ``app`` under the exit policy above."""
     os.environ.setdefault("YOLO_OFFLINE", "true")  # ultralytics must never download weights or fonts
-    if os.environ.get("RETRAIN_DIE_WITH_PARENT") == "1":  # a stage the flow started (through DVC): see lifeline.py
+    if os.environ.get(DIE_WITH_PARENT) == "1":  # a stage the flow started (through DVC): see lifeline.py
         die_with_parent()
     try:
         app()

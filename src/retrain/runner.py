@@ -123,6 +123,8 @@ def run_audit(paths: Paths, params: Params) -> list[str]:
     page = paths.audit_page / "index.html"
     if r.champion is None:
         return [f"audit: {n}" for n in r.notes]
+    if not r.batches:
+        return [f"audit: champion version {r.champion} trained on every batch of the master: nothing new to audit"]
     lines = [f"note: {n}" for n in r.notes]
     for name, b in r.batches.items():
         lines.append(f"audit: batch {name}: {b.flagged} of {b.images} images flagged ({b.flagged_fraction:.0%}; "

@@ -17,7 +17,7 @@ from PIL import ImageOps
 
 from retrain.audit.report import AuditReport, FlaggedImage
 from retrain.data.master import Master
-from retrain.safety import pil_open
+from retrain.safety import pil_open, safe_member
 
 _WIDTH = 560  # pixels of a drawn image (longest side)
 _STYLE = """body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse}
@@ -28,7 +28,7 @@ vertical-align:top}figcaption{max-width:560px}svg text{font:12px sans-serif}.lab
 
 def _thumbnail(master: Master, file_name: str) -> tuple[str, float]:
     """The image as a JPEG ``data:`` URI no larger than ``_WIDTH``, and its scale from the original pixels."""
-    with open(master.data_root / file_name, "rb") as f:
+    with open(safe_member(master.data_root, master.data_root, file_name), "rb") as f:
         img = ImageOps.exif_transpose(pil_open(io.BytesIO(f.read()))).convert("RGB")
     scale = min(1.0, _WIDTH / max(img.size))
     if scale < 1.0:

@@ -53,8 +53,8 @@ def _predict(mf: ModelFile, master: Master, split: str, params: Params, cache_di
                          cache_dir)
 
 
-def _score(mf: ModelFile, master: Master, split: str, params: Params, cache_dir: Path) -> Score:
-    gt = ground_truth(master.doc, split)
+def _score(mf: ModelFile, master: Master, split: str, gt: Any, params: Params, cache_dir: Path) -> Score:
+    """``mf`` on ``split``, scored against ``gt`` (that split's ground truth, built once for both models)."""
     return score(gt, _predict(mf, master, split, params, cache_dir), _slices(master, split))
 
 
@@ -92,15 +92,16 @@ def evaluate_models(paths: Paths, params: Params, champion: RegisteredModel | No
     gt = ground_truth(master.doc, split)
     instances = Counter(gt.cats[a["category_id"]]["name"] for a in gt.dataset["annotations"])
     sized = Counter((gt.cats[a["category_id"]]["name"], size_of(a["area"])) for a in gt.dataset["annotations"])
+    gt_val = ground_truth(master.doc, "val") if split != "val" else None
     t0 = time.perf_counter()
-    cand = _score(candidate, master, split, params, paths.cache)
-    cand_val = _score(candidate, master, "val", params, paths.cache) if split != "val" else None
+    cand = _score(candidate, master, split, gt, params, paths.cache)
+    cand_val = _score(candidate, master, "val", gt_val, params, paths.cache) if gt_val is not None else None
     champ = champ_val = None
     champ_entry = delta = None
     if champion is not None:
         champ_file = load_model_file(champion.weights)
-        champ = _score(champ_file, master, split, params, paths.cache)
-        champ_val = _score(champ_file, master, "val", params, paths.cache) if split != "val" else None
+        champ = _score(champ_file, master, split, gt, params, paths.cache)
+        champ_val = _score(champ_file, master, "val", gt_val, params, paths.cache) if gt_val is not None else None
         champ_entry = Champion(version=champion.version, classes=list(champ_file.names), imgsz=champ_file.imgsz,
                                metrics=champ.record())
         delta = _delta(champ, cand, params)
@@ -128,7 +129,7 @@ def evaluate_models(paths: Paths, params: Params, champion: RegisteredModel | No
 
 def _side(s: Score) -> SliceMetrics:
     """The overall numbers of a score, as the val side of the report holds them."""
-    return SliceMetrics.model_validate({k: v for k, v in s.overall.to_json().items()})
+    return SliceMetrics.model_validate(s.overall.to_json())
 
 
 def _delta(champ: Score, cand: Score, params: Params) -> Delta:

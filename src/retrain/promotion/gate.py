@@ -78,20 +78,9 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
     if delta < gate.min_delta:
         reasons.append(f"mAP50-95 {candidate.map:.4f} vs champion {champion.map:.4f}: delta {delta:+.4f} is below "
                        f"min_delta {gate.min_delta:+.4f}")
-    for name, old in sorted(champion.per_class.items()):
-        new = candidate.per_class.get(name, 0.0)
-        if old < 0 or new < 0:
-            continue  # no ground truth for this class here
-        drop = old - new
-        if drop <= gate.max_class_drop:
-            continue
-        boxes = candidate.instances.get(name, 0)
-        if boxes < gate.min_class_instances:
-            notes.append(f"class {name}: AP50-95 {old:.4f} -> {new:.4f} not gated: {boxes} boxes "
-                         f"(min_class_instances {gate.min_class_instances})")
-        else:
-            reasons.append(f"forgetting: class {name} AP50-95 fell {old:.4f} -> {new:.4f} ({-drop:+.4f}; "
-                           f"max_class_drop {gate.max_class_drop:.4f})")
+    _guard([(f"forgetting: class {name}", f"class {name}", "AP50-95", old, candidate.per_class.get(name, 0.0),
+             candidate.instances.get(name, 0)) for name, old in sorted(champion.per_class.items())],
+           "max_class_drop", gate.max_class_drop, gate.min_class_instances, reasons, notes)
     for name, old in sorted(champion.slices.items()):
         new = candidate.slices.get(name, -1.0)
         if old >= 0 and new >= 0 and old - new > gate.max_slice_drop:
@@ -111,19 +100,30 @@ def decide(champion: ModelMetrics | None, candidate: ModelMetrics, gate: Promote
 def _size_rules(champion: ModelMetrics, candidate: ModelMetrics, gate: PromoteParams, limit: float,
                 reasons: list[str], notes: list[str]) -> None:
     """``max_size_drop``: each object size overall, then within each class, like the forgetting guard."""
-    checks = [(f"size {size}", f"{size} objects", "mAP50-95", old, candidate.sizes.get(size, -1.0),
+    checks = [(f"size {size}:", f"{size} objects", "mAP50-95", old, candidate.sizes.get(size, -1.0),
                sum(c.get(size, 0) for c in candidate.size_instances.values()))
               for size, old in champion.sizes.items()]
-    checks += [(f"size: class {name}, {size} objects", f"class {name}, {size} objects", "AP50-95", old,
+    checks += [(f"size: class {name}, {size} objects:", f"class {name}, {size} objects", "AP50-95", old,
                 candidate.per_class_size.get(name, {}).get(size, -1.0),
                 candidate.size_instances.get(name, {}).get(size, 0))
                for name, sizes in sorted(champion.per_class_size.items()) for size, old in sizes.items()]
+    _guard(checks, "max_size_drop", limit, gate.min_class_instances, reasons, notes)
+
+
+def _guard(checks: list[tuple[str, str, str, float, float, int]], limit_name: str, limit: float, min_instances: int,
+           reasons: list[str], notes: list[str]) -> None:
+    """The forgetting guard's rule, for classes and object sizes: a fall of more than ``limit`` refuses the candidate
+    where the judged images hold ``min_instances`` boxes or more, and is only reported where they hold fewer.
+
+    Each check is (reason prefix, note prefix, metric, champion's value, candidate's value, boxes); a negative value
+    means no ground truth there (not judged).
+    """
     for reason, note, metric, old, new, boxes in checks:
         if old < 0 or new < 0 or old - new <= limit:
             continue
-        if boxes < gate.min_class_instances:
+        if boxes < min_instances:
             notes.append(f"{note}: {metric} {old:.4f} -> {new:.4f} not gated: {boxes} boxes (min_class_instances "
-                         f"{gate.min_class_instances})")
+                         f"{min_instances})")
         else:
-            reasons.append(f"{reason}: {metric} fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; max_size_drop "
+            reasons.append(f"{reason} {metric} fell {old:.4f} -> {new:.4f} ({new - old:+.4f}; {limit_name} "
                            f"{limit:.4f})")
