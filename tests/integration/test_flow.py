@@ -134,7 +134,10 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     proc = run_cli("run", cwd=paths.root, env=cli_env(first.base / "prefect-cli"))
     seconds = time.perf_counter() - t0
     assert proc.returncode == 0 and "nothing to retrain" in proc.stdout, proc.stdout + proc.stderr
-    assert seconds < 30, seconds
+    # Most of it is the local Prefect API starting in a new process (about 20 s on 2 cores); each of the six stages
+    # then asks DVC (a process each, about 1 s). It was 34 s once on 2 cores with the audit stage added (under 30 s
+    # with five stages): the bound says "seconds, not a training", and asking DVC once for all stages is the next gain.
+    assert seconds < 45, seconds
 
 
 def test_a_bad_batch_fails_the_run_at_ingest_and_changes_nothing(first: SimpleNamespace, samples: Path) -> None:
