@@ -108,6 +108,29 @@ class AugmentParams(_Section):
     close_mosaic: int = Field(default=10, ge=0, description="Last epochs trained without mosaic.")
 
 
+class WarmParams(_Section):
+    """The schedule of a run warm-started from the champion (``train.warm``): it knows the old data already.
+
+    A run from scratch, or from ``base_model``, keeps the top-level schedule.  ``bench/retrain_cost.py`` chose these
+    defaults (README, "A weekly retrain").
+    """
+
+    epochs: int = Field(default=10, ge=1, description="Epochs of a warm-started run (never more than train.epochs).")
+    lr: float = Field(default=0.001, gt=0, description="Peak learning rate of a warm-started run.")
+    warmup_epochs: float = Field(default=0.5, ge=0, description="Its linear warm-up.")
+    close_mosaic: int = Field(default=3, ge=0, description="Its last epochs without mosaic.")
+
+
+class ReplayParams(_Section):
+    """What each epoch of a warm-started run trains on (``train.replay``): every image of the batches newer than the
+    champion's data, plus a sample of the older ones, drawn anew each epoch from (seed, epoch) alone."""
+
+    old_fraction: float = Field(default=0.25, gt=0, le=1, description="Share of the older train images drawn "
+                                "each epoch (more when min_per_class needs more).")
+    min_per_class: int = Field(default=20, ge=0, description="Boxes each class of the older images keeps every "
+                               "epoch (all of them when it has fewer): no old class is starved.")
+
+
 class TrainParams(_Section):
     """Knobs of ``retrain train``."""
 
@@ -147,6 +170,12 @@ class TrainParams(_Section):
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto", description="auto = on CUDA; on a CPU the faster format for this model, timed once.")
     augment: AugmentParams = AugmentParams()
+    warm: WarmParams | Literal[False] = Field(
+        default=WarmParams(), description="The schedule of a run warm-started from the champion; off (false) = the "
+        "schedule above for every run.")
+    replay: ReplayParams | Literal[False] = Field(
+        default=ReplayParams(), description="Replay sampling in a run warm-started from the champion; off (false) = "
+        "every epoch covers the whole train split.")
 
 
 class EvaluateParams(_Section):

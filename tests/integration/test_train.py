@@ -228,20 +228,28 @@ def _register_champion(root: Path, model_file: Path, name: str = "retrain-detect
     return str(mv.version)
 
 
-def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: Path, tmp_path: Path,
-                                                                       sample_root: Path):
-    """A 3-class champion (trained here on batch-1) warm-starts a 4-class run: weights moved, log says so."""
+@pytest.fixture(scope="module")
+def champion_b1(tmp_path_factory: pytest.TempPathFactory, sample_root: Path) -> Path:
+    """A 3-class model file trained one epoch on batch-1 alone: as a champion, batch-2 is new to it."""
     from retrain.workspace import init_workspace
 
-    old = init_workspace(tmp_path / "old", remote=str(tmp_path / "remote-old"))
+    base = tmp_path_factory.mktemp("champion-b1")
+    old = init_workspace(base / "old", remote=str(base / "remote-old"))
     run_cli("ingest", sample_root / "batch-1", cwd=old.root, check=True)
     run_cli("merge", cwd=old.root, check=True)
     run_cli("validate", cwd=old.root, check=True)
     set_train_params(old.root, **{**TINY, "epochs": 1})
     assert _train(old.root).returncode == 0
-    assert load_model_file(old.candidate / "model.pt").names == ("circle", "square", "triangle")
+    model = load_model_file(old.candidate / "model.pt")
+    assert model.names == ("circle", "square", "triangle") and model.meta["batches"] == ["batch-1"]
+    return old.candidate / "model.pt"
+
+
+def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: Path, tmp_path: Path,
+                                                                       champion_b1: Path):
+    """A 3-class champion (trained here on batch-1) warm-starts a 4-class run: weights moved, log says so."""
     paths = _copy(merged, tmp_path / "ws")
-    version = _register_champion(paths.root, old.candidate / "model.pt")
+    version = _register_champion(paths.root, champion_b1)
     set_train_params(paths.root, epochs=1, use_champion=True)
     proc = _train(paths.root)
     assert proc.returncode == 0, proc.stderr
@@ -254,6 +262,57 @@ def test_warm_start_from_the_registry_champion_onto_a_grown_class_list(merged: P
     assert "biases warm up from 0" in proc.stderr  # a fitted model's biases get no high warm-up LR
     assert report["epochs"] == 1 and report["resumed_from"] is None  # a warm start is not a resume
 
+
+
+def _steps_per_epoch(paths: Paths) -> list[int]:
+    """Optimizer steps of each epoch, from the per-epoch CSV (its rows carry the global step at each epoch's end)."""
+    rows = [r for r in csv.DictReader(paths.train_metrics.open()) if r.get("train/loss")]
+    ends = [int(r["step"]) + 1 for r in sorted(rows, key=lambda r: int(r["epoch"]))]
+    return [b - a for a, b in zip([0, *ends], ends, strict=False)]
+
+
+# A warm run's schedule and replay at this size: the champion knew batch-1 (about 7 train images), batch-2 is new.
+WARM = {"use_champion": True, "warm": {"epochs": 3, "lr": 0.001, "warmup_epochs": 0.5, "close_mosaic": 1},
+        "replay": {"old_fraction": 0.25, "min_per_class": 2}}
+
+
+def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_and_replay_off_trains_on_all(
+        merged: Path, tmp_path: Path, champion_b1: Path):
+    """Replay on: each epoch is batch-2's train images and a few of batch-1's; a SIGKILL in epoch 2 then a rerun gives
+    the unbroken run's losses and weights (the draws depend on (seed, epoch) alone).  Replay off: every image."""
+    runs = {}
+    for kind in ("straight", "killed", "off"):
+        paths = _copy(merged, tmp_path / kind)
+        _register_champion(paths.root, champion_b1)
+        set_train_params(paths.root, **{**WARM, "epochs": 5, **({"replay": False} if kind == "off" else {})})
+        runs[kind] = paths
+    assert _train(runs["straight"].root).returncode == 0
+    proc = _train(runs["killed"].root, env={"RETRAIN_FAULT": "train.epoch1"})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    proc = _train(runs["killed"].root)
+    assert proc.returncode == 0, proc.stderr
+    assert "resuming from" in proc.stderr and "replay: each epoch trains on the" in proc.stderr, proc.stderr
+    assert _train(runs["off"].root).returncode == 0
+    a, b, off = (_report(runs[k]) for k in ("straight", "killed", "off"))
+    assert a["schedule"] == {"warm": True, "epochs": 3, "lr": 0.001} and a["epochs"] == 3  # train.warm, not 5
+    r = a["replay"]
+    assert r["new_batches"] == ["batch-2"] and r["new_images"] > 0 and r["old_images"] > r["old_per_epoch"] > 0
+    train_images = r["new_images"] + r["old_images"]
+    assert _steps_per_epoch(runs["straight"]) == [-(-(r["new_images"] + r["old_per_epoch"]) // 4)] * 3
+    assert off["replay"] is None and _steps_per_epoch(runs["off"]) == [-(-train_images // 4)] * 3
+    assert b["resumed_from"] == LAST and b["replay"] == r
+
+    def losses(paths: Paths) -> list[tuple[int, float]]:
+        rows = [row for row in csv.DictReader(paths.train_metrics.open()) if row.get("train/loss")]
+        return [(int(row["epoch"]), float(row["train/loss"])) for row in rows]
+
+    ours, theirs = losses(runs["killed"]), losses(runs["straight"])
+    assert [e for e, _ in ours] == [e for e, _ in theirs] == [0, 1, 2]
+    assert all(abs(x - y) <= 1e-4 * max(1.0, abs(y)) for (_, x), (_, y) in zip(ours, theirs, strict=True)), (
+        ours, theirs)
+    wa, wb = _weights(runs["straight"]), _weights(runs["killed"])
+    diff = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa if wa[k].is_floating_point())
+    assert diff < 1e-2, diff
 
 
 @pytest.mark.slow

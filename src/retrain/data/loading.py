@@ -25,6 +25,7 @@ from ultralytics.data.dataset import YOLODataset
 
 from retrain.config import RuntimeParams, TrainParams
 from retrain.data.master import Master
+from retrain.data.replay import ReplayPlan
 from retrain.device import on_cuda
 from retrain.errors import RetrainError
 from retrain.safety import UnsafePath, safe_member
@@ -203,13 +204,16 @@ class EpochSampler(Sampler[tuple[int, int, int]]):
     the epoch in whichever process makes the item (loader workers are persistent: forking new ones every epoch
     from a trainer holding gigabytes costs a copy-on-write fault on every page it touches next, which on this
     project's machines doubled the time of a training step).  Under DDP each rank takes every ``world``-th index
-    of the same permutation, padded to equal length.
+    of the same permutation, padded to equal length.  With a replay plan (``data.replay``) an epoch covers the
+    plan's draw for (seed, epoch), not every index.
     """
 
-    def __init__(self, n: int, seed: int, shuffle: bool, on_epoch: Any = None, rank: int = 0, world: int = 1) -> None:
-        self.n, self.seed, self.shuffle, self.on_epoch = n, seed, shuffle, on_epoch
+    def __init__(self, n: int, seed: int, shuffle: bool, on_epoch: Any = None, rank: int = 0, world: int = 1,
+                 replay: ReplayPlan | None = None) -> None:
+        self.n = replay.size if replay is not None else n
+        self.seed, self.shuffle, self.on_epoch, self.replay = seed, shuffle, on_epoch, replay
         self.rank, self.world, self.epoch = rank, world, 0
-        self.per_rank = -(-n // world)
+        self.per_rank = -(-self.n // world)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -218,11 +222,12 @@ class EpochSampler(Sampler[tuple[int, int, int]]):
             self.on_epoch(epoch)
 
     def __iter__(self) -> Any:
+        items = self.replay.draw(self.seed, self.epoch) if self.replay is not None else list(range(self.n))
         if self.shuffle:
             g = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
+            order = [items[j] for j in torch.randperm(self.n, generator=g).tolist()]
         else:
-            order = list(range(self.n))
+            order = items
         order += order[: self.per_rank * self.world - self.n]  # pad, as DistributedSampler does
         return iter([(i, self.epoch, self.rank) for i in order[self.rank::self.world]])
 
@@ -273,13 +278,15 @@ class SplitReader:
                              hyp=copy(self.hyp), prefix=f"{split}: ", rect=False, batch_size=p.batch,
                              stride=32, pad=0.0 if augment else 0.5)
 
-    def loader(self, ds: MasterDataset, train: bool, rank: int = 0, world: int = 1, on_epoch: Any = None
-               ) -> DataLoader[Any]:
-        """Batches of ``ds``: shuffled per (seed, epoch) for training, in order otherwise; ``rank``'s shard."""
-        sampler = EpochSampler(len(ds), self.params.seed, shuffle=train, on_epoch=on_epoch, rank=rank, world=world)
+    def loader(self, ds: MasterDataset, train: bool, rank: int = 0, world: int = 1, on_epoch: Any = None,
+               replay: ReplayPlan | None = None) -> DataLoader[Any]:
+        """Batches of ``ds``: shuffled per (seed, epoch) for training, in order otherwise; ``rank``'s shard; with
+        ``replay``, each epoch the plan's draw."""
+        sampler = EpochSampler(len(ds), self.params.seed, shuffle=train, on_epoch=on_epoch, rank=rank, world=world,
+                               replay=replay)
         if world > 1 and train:
             log.info("rank %d of %d reads %d of the %d training images an epoch (every %d-th of the epoch's order)",
-                     rank, world, len(sampler), len(ds), world)
+                     rank, world, len(sampler), sampler.n, world)
         return DataLoader(ds, batch_size=self.params.batch, sampler=sampler, num_workers=self.workers,
                           persistent_workers=self.workers > 0, collate_fn=YOLODataset.collate_fn, pin_memory=False,
                           drop_last=False)

@@ -28,6 +28,10 @@ class TrainReport(Report):
         classes: Class names, in class-index order.
         batches: The batches of the master it trained on (the candidate's model file keeps this report: as the
             champion, it tells the audit which batches are new to it); ``None`` in reports of an earlier retrain.
+        schedule: The run's schedule: ``{"warm": bool, "epochs", "lr"}`` (``train.warm`` applies to a warm start
+            from the champion).
+        replay: Replay sampling, when it applied: the new batches, new and older train images, older images per
+            epoch, boxes kept per older class.
     """
 
     what: ClassVar[str] = "train report"
@@ -46,3 +50,5 @@ class TrainReport(Report):
     precision: str
     classes: list[str]
     batches: list[str] | None = None
+    schedule: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None

@@ -151,6 +151,30 @@ def resolve_base(paths: Paths, params: Params, champion: RegisteredModel | None
     return None, {"kind": "scratch"}
 
 
+def schedule(p: TrainParams, base_info: dict[str, Any]) -> TrainParams:
+    """The run's schedule: ``train.warm`` applied when the run starts from the champion (never more epochs than
+    ``train.epochs``), else ``train`` as it is."""
+    if base_info.get("kind") != "champion" or p.warm is False:
+        return p
+    w = p.warm
+    log.info("warm schedule (train.warm): %d epochs at lr %g, %g warm-up epochs, mosaic off for the last %d",
+             min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
+    return p.model_copy(update={"epochs": min(w.epochs, p.epochs), "lr": w.lr, "warmup_epochs": w.warmup_epochs,
+                                "augment": p.augment.model_copy(update={"close_mosaic": w.close_mosaic})})
+
+
+def known_batches(p: TrainParams, base: ModelFile | None, base_info: dict[str, Any]) -> list[str] | None:
+    """The batches the champion trained on, when replay sampling applies; ``None``: every epoch covers everything."""
+    if base is None or base_info.get("kind") != "champion" or p.replay is False:
+        return None
+    known = base.meta.get("batches")
+    if not isinstance(known, list):
+        log.warning("replay: the champion's model file does not say which batches it trained on (an earlier retrain "
+                    "made it): every epoch covers the whole train split")
+        return None
+    return [str(b) for b in known]
+
+
 def _model_state(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The ``DetectionModel`` part of a LightningModule state dict."""
     return {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
@@ -239,10 +263,11 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
     pl.seed_everything(p.seed, workers=True, verbose=False)  # the initial weights and fresh head rows too
     model = build_model(p.model, master.names)
     transfer = warm_start(model, base) if base is not None and resume is None else None
-    dm = MasterDataModule(master, p, params.runtime, paths.cache)
+    sched = schedule(p, base_info)
+    dm = MasterDataModule(master, sched, params.runtime, paths.cache, known_batches(p, base, base_info))
     dm.setup("fit")
     channels_last = use_channels_last(p, model, paths.cache / "memory-format.json")
-    run_p = p.model_copy(update={"channels_last": "on" if channels_last else "off"})
+    run_p = sched.model_copy(update={"channels_last": "on" if channels_last else "off"})
     if base is not None and p.warmup_bias_lr:
         # A warm start's biases are fitted already: a high warm-up LR on them (50x lr for AdamW) undid most of a
         # champion's old-class AP in the first epoch (bench/RESULTS.md, "measured in development"). They warm up from 0.
@@ -252,7 +277,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
     module.image_ids = dm.val_image_ids
     loggers = _loggers(paths, run_log, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
-    trainer = build_trainer(p, paths.checkpoints, loggers, callbacks)
+    trainer = build_trainer(run_p, paths.checkpoints, loggers, callbacks)
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - t0
@@ -269,7 +294,11 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
         resumed_from=str(resume.name) if resume else None, epochs=trainer.current_epoch,
         best_epoch=int(ck["epoch"]) + 1, seconds=round(seconds, 1), ema=ema, raw=raw,
         mlflow_run_id=loggers[0].run_id, precision=str(trainer.precision), classes=list(master.names),
-        batches=[str(b) for b in master.doc.get("info", {}).get("batches", [])])
+        batches=[str(b) for b in master.doc.get("info", {}).get("batches", [])],
+        schedule={"warm": sched is not p, "epochs": sched.epochs, "lr": sched.lr},
+        replay=None if dm.replay is None else {
+            "new_batches": dm.replay.new_batches, "new_images": len(dm.replay.new), "old_images": len(dm.replay.old),
+            "old_per_epoch": dm.replay.old_per_epoch, "min_per_class": dm.replay.min_per_class})
     candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report.to_json())  # type: ignore[arg-type]
     report.write(paths.train_report)
     loggers[0].log_metrics({"final/ema_mAP50-95": ema.map, "final/raw_mAP50-95": raw.map})
