@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 
 
 def cpu_model() -> str:
@@ -64,3 +65,27 @@ def flow_run(root: Path, only_if_new: bool = False) -> dict[str, Any]:
     wall = (run.end_time - run.start_time).total_seconds()
     own = sum(summary["seconds"].values())
     return {"summary": summary, "wall": wall, "call": call, "own": own, "overhead": wall - own}
+
+
+def coco128_batches(base: Path, parts: int) -> list[Path]:
+    """coco128 (COCO JSON, ``../shared/data``) split into ``parts`` batches by image order (every parts-th image): one
+    folder per batch, as deliveries would come."""
+    import json
+    import shutil
+
+    src = SHARED / "coco128-coco"
+    doc = json.loads((src / "annotations" / "instances_train2017.json").read_text())
+    images = sorted(doc["images"], key=lambda im: im["file_name"])
+    out = []
+    for k in range(parts):
+        part = images[k::parts]
+        ids = {im["id"] for im in part}
+        d = base / "coco128" / f"batch-{k + 1}"
+        (d / "images").mkdir(parents=True)
+        for im in part:
+            shutil.copy2(src / "train2017" / im["file_name"], d / "images" / im["file_name"])
+        (d / "annotations.json").write_text(json.dumps({
+            "images": part, "categories": doc["categories"],
+            "annotations": [a for a in doc["annotations"] if a["image_id"] in ids]}))
+        out.append(d)
+    return out

@@ -40,7 +40,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import machine, update_results_md  # noqa: E402
+from common import coco128_batches, machine, update_results_md  # noqa: E402
 
 from retrain import runner  # noqa: E402
 from retrain.config import Params, load_params  # noqa: E402
@@ -50,8 +50,6 @@ from retrain.paths import Paths  # noqa: E402
 from retrain.promotion.gate import ModelMetrics, decide  # noqa: E402
 from retrain.training.train import train  # noqa: E402
 from retrain.workspace import init_workspace, set_params  # noqa: E402
-
-SHARED = HERE.parent.parent / "shared" / "data"
 
 
 def _params(paths: Paths) -> Params:
@@ -118,29 +116,6 @@ def sample_batches(base: Path) -> list[Path]:
     from retrain.data.sample import generate
 
     return [b.path for b in generate(base / "samples", batches=3, images_per_batch=60, seed=0)]
-
-
-def coco128_batches(base: Path) -> list[Path]:
-    """coco128 (COCO JSON) split into 3 batches by image order: one folder per batch, as a delivery would come."""
-    import json
-    import shutil
-
-    src = SHARED / "coco128-coco"
-    doc = json.loads((src / "annotations" / "instances_train2017.json").read_text())
-    images = sorted(doc["images"], key=lambda im: im["file_name"])
-    out = []
-    for k in range(3):
-        part = images[k::3]
-        ids = {im["id"] for im in part}
-        d = base / "coco128" / f"batch-{k + 1}"
-        (d / "images").mkdir(parents=True)
-        for im in part:
-            shutil.copy2(src / "train2017" / im["file_name"], d / "images" / im["file_name"])
-        (d / "annotations.json").write_text(json.dumps({
-            "images": part, "categories": doc["categories"],
-            "annotations": [a for a in doc["annotations"] if a["image_id"] in ids]}))
-        out.append(d)
-    return out
 
 
 def gate_runs(name: str, batches: list[Path], base: Path, seeds: int, epochs: int, imgsz: int,
@@ -257,7 +232,7 @@ def main() -> None:
         results.append(gate_runs("sample", sample_batches(base), base, args.seeds, args.epochs, args.imgsz,
                                  args.batch))
     if args.data in ("coco128", "both"):
-        results.append(gate_runs("coco128", coco128_batches(base), base, args.seeds, args.epochs, args.imgsz,
+        results.append(gate_runs("coco128", coco128_batches(base, 3), base, args.seeds, args.epochs, args.imgsz,
                                  args.batch))
     copies = [] if args.no_near_copies else near_copy_runs(base, args.epochs, args.imgsz, args.batch)
     text = section(results, copies, args, time.perf_counter() - t0)

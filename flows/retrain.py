@@ -28,7 +28,13 @@ from retrain.nodata import no_batch_yet
 from retrain.paths import Paths
 from retrain.runlock import describe, repair_dvc_locks, run_lock
 from retrain.workspace import master_dvc_md5, require_workspace
-from tasks.artifacts import publish_audit, publish_evaluation, publish_summary, publish_validation
+from tasks.artifacts import (
+    publish_audit,
+    publish_evaluation,
+    publish_history,
+    publish_summary,
+    publish_validation,
+)
 from tasks.ingest import ingest_batch, waiting
 from tasks.stages import StageFailed, run_stage, stage_order
 from tasks.versioning import dvc_push, git_commit
@@ -204,6 +210,7 @@ def _stage(paths: Paths, params: Params, stage: str, summary: RunSummary) -> Non
             summary.reasons = list(promotion.reasons)
             if promotion.promoted:  # the automation 'retrain: champion moved' notifies a team's server
                 champion_moved(promotion, EvalReport.find(paths.eval_report))
+            publish_history(paths, params.registry.model_name, params.retrain.mlflow_ui)
 
 
 def outcome(state: Any) -> dict[str, Any]:

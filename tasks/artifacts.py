@@ -7,6 +7,7 @@ They are read from the stages' own reports; nothing here computes a result.
 from __future__ import annotations
 
 import csv
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,13 @@ from retrain.audit.report import AuditReport
 from retrain.evaluation.report import EvalReport
 from retrain.paths import Paths
 from retrain.promotion.report import PromotionReport
-from retrain.registry.history import ui_links
+from retrain.registry.history import status, ui_links
+from retrain.registry.history_plot import history, save
 from retrain.registry.tracking import tracking_uri
 from retrain.validation.report import ValidationRecord
+
+#: The train stage's log line naming a warm-started run's epochs (``training.train.schedule``).
+WARM_PLAN = re.compile(r"warm schedule \(train\.warm\): (\d+) epochs")
 
 
 class TrainingProgress:
@@ -42,6 +47,12 @@ class TrainingProgress:
         self.artifact: Any = None
         self.shown = -1.0
         self.bar: Any = None
+
+    def read_plan(self, line: str) -> None:
+        """A run warm-started from the champion says its own epoch count (``train.warm``) as it starts: follow it."""
+        found = WARM_PLAN.search(line)
+        if found and self.artifact is None:
+            self.epochs = max(1, int(found.group(1)))
 
     def _epochs_seen(self) -> int:
         try:
@@ -164,6 +175,33 @@ def publish_evaluation(paths: Paths, ui_base: str) -> PromotionReport | None:
             create_link_artifact(links["run"], link_text="MLflow run", key="retrain-mlflow-run",
                                  description="the training run (metrics, the logged model, the reports)")
     return promotion
+
+
+def publish_history(paths: Paths, name: str, ui_base: str) -> Path:
+    """The model's quality history: mAP50-95 per version, overall and per class, champion moves marked (a markdown
+    table, the PNG in ``reports/history.png`` and in the newest version's MLflow run, ``history/history.png``).
+
+    Returns:
+        The PNG written.
+    """
+    rows = status(tracking_uri(paths.root), name)
+    h = history(rows)
+    png = save(rows, name, paths.reports / "history.png")
+    classes = list(h.per_class)
+    head = ["version", "mAP50-95", *classes, "decision"]
+    run = ui_links(tracking_uri(paths.root), name, str(h.versions[-1]), ui_base).get("run") if h.versions else None
+    lines = [f"# {name}: quality per version", "",
+             f"Each version's candidate on its evaluation's test images; the champion is now version "
+             f"{h.champion or 'none'}. Drawn: `{png}`"
+             + (f", and in the newest version's [MLflow run]({run}) as history/history.png" if run else "") + ".", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in sorted(rows, key=lambda r: int(r["version"])):
+        mark = " (champion)" if "champion" in r["aliases"] else ""
+        cells = [r["version"] + mark, r["mAP50-95"][:6] or "-",
+                 *(f"{r['per_class'][c]:.4f}" if c in r["per_class"] else "-" for c in classes), r["decision"] or "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    create_markdown_artifact("\n".join(lines), key="retrain-history", description="mAP50-95 per registered version")
+    return png
 
 
 def publish_summary(markdown: str) -> None:

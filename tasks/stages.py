@@ -145,8 +145,10 @@ def run_stage(root: str, stage: str, progress_epochs: int | None = None) -> Stag
         ran = ran or started in text
         tail.append(text)
         logger.info(text)
+        if progress is not None:
+            progress.read_plan(text)
 
-    progress = None
+    progress: TrainingProgress | None = None
     if progress_epochs:
         progress = TrainingProgress(Path(root), progress_epochs)
     t0 = time.perf_counter()

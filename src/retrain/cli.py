@@ -193,14 +193,27 @@ def registry_copy(
 
 
 @app.command()
-def status(project: ProjectOpt = Path(".")) -> None:
-    """The registry's versions: aliases, data versions, metrics, decisions."""
+def status(
+    plot: Annotated[bool, typer.Option("--plot", help="Also draw mAP50-95 per version, overall and per class, with "
+                                       "the champion's moves, as a PNG (--out).")] = False,
+    out: Annotated[Path, typer.Option(help="Where --plot writes the PNG (relative to the workspace).")] = Path(
+        "reports/history.png"),
+    project: ProjectOpt = Path("."),
+) -> None:
+    """The registry's versions: aliases, data versions, metrics, decisions; --plot draws their quality history."""
     from retrain.registry.history import status as run_status
     from retrain.registry.history import status_lines
     from retrain.registry.tracking import tracking_uri
 
     paths, params = _workspace(project)
-    _out(status_lines(run_status(tracking_uri(paths.root), params.registry.model_name), params.registry.model_name))
+    name = params.registry.model_name
+    rows = run_status(tracking_uri(paths.root), name)
+    _out(status_lines(rows, name))
+    if plot:
+        from retrain.registry.history_plot import save
+
+        png = save(rows, name, paths.root / out)
+        _out(f"quality history of {len(rows)} version(s): {png}")
 
 
 @app.command()

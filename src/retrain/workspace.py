@@ -257,6 +257,12 @@ def upgrade(paths: Paths) -> list[str]:
                         f"code-versions.yaml entry as in {Path(__file__).parent / 'templates' / 'dvc.yaml'}")
     if codeversions.record(paths):
         done.append(f"{codeversions.FILE}: recorded")
+    ignore = paths.root / ".gitignore"
+    have = ignore.read_text(encoding="utf-8").splitlines() if ignore.is_file() else []
+    missing = [ln for ln in template_text("gitignore").splitlines() if ln and ln not in have]
+    if missing:  # files a newer retrain writes that git must not see (e.g. the history plot)
+        ignore.write_text("\n".join([*have, *missing]) + "\n", encoding="utf-8")
+        done.append(f".gitignore: {', '.join(missing)} added")
     master = paths.master / "annotations.json"
     if master.is_file() and "split" not in json.loads(master.read_text(encoding="utf-8")).get("info", {}):
         done.append("data/master predates the test split and near-copy groups: run 'retrain merge --migrate-splits' "

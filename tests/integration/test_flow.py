@@ -96,6 +96,8 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     assert {r["class"] for r in table} == set(load_json(paths.eval_report)["candidate"]["metrics"]["per_class"])
     assert "/#/models/retrain-detector/versions/1)" in artifacts["retrain-model-version"].data
     assert "/runs/" in artifacts["retrain-mlflow-run"].data
+    assert "| 1 (champion) | " in artifacts["retrain-history"].data  # the quality history: one row per version
+    assert (paths.reports / "history.png").is_file()
 
     # What the UI's log shows a user: no library noise, and no stage line twice (a log record and the command's
     # printed result saying the same).

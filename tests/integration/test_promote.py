@@ -141,8 +141,24 @@ def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path
     assert "| mAP50-95 | " in md and f"| {x} |" in md and "batch-2" in md
     assert {p.name for p in paths.eval_plots.iterdir()} == {"per_class_ap.png", "pr_curve.png"}
 
-    status = run_cli("status", cwd=paths.root, check=True).stdout
+    status = run_cli("status", "--plot", cwd=paths.root, check=True).stdout
     assert f"{NAME}: champion version 3, challenger version 4" in status
+    # The quality history: one point per version, overall and per class, the promotions (1, 3) and the champion.
+    assert "quality history of 4 version(s)" in status and (paths.reports / "history.png").stat().st_size > 10_000
+    from retrain.registry.history import status as registry_status
+    from retrain.registry.history_plot import figure, history
+
+    h = history(registry_status(_uri(paths), NAME))
+    assert h.versions == [1, 2, 3, 4] and h.promoted == [1, 3] and h.champion == 3
+    assert h.overall == [float(client.get_model_version(NAME, str(v)).tags["retrain.metric.mAP50-95"])
+                         for v in h.versions]
+    assert set(h.per_class) == set(strong.names) and all(len(ys) == 4 for ys in h.per_class.values())
+    assert h.per_class[x][1] == 0.0 and h.per_class[x][2] > 0  # v2 forgot X, v3 has it back
+    overall = next(line for line in figure(h, NAME).axes[0].lines if line.get_label() == "overall")
+    assert list(overall.get_xdata()) == [1, 2, 3, 4]
+    # Each promotion logged the history to its version's MLflow run.
+    run_id = client.get_model_version(NAME, "4").run_id
+    assert [f.path for f in client.list_artifacts(run_id, "history")] == ["history/history.png"]
     back = run_cli("rollback", cwd=paths.root, check=True).stdout
     assert f"{NAME}@champion: version 3 -> 1" in back
     assert _aliases(client)["champion"] == "1"

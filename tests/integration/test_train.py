@@ -272,7 +272,7 @@ def _steps_per_epoch(paths: Paths) -> list[int]:
 
 
 # A warm run's schedule and replay at this size: the champion knew batch-1 (about 7 train images), batch-2 is new.
-WARM = {"use_champion": True, "warm": {"epochs": 3, "lr": 0.001, "warmup_epochs": 0.5, "close_mosaic": 1},
+WARM = {"use_champion": True, "warm": {"epochs": 2, "lr": 0.001, "warmup_epochs": 0.5, "close_mosaic": 1},
         "replay": {"old_fraction": 0.25, "min_per_class": 2}}
 
 
@@ -284,7 +284,7 @@ def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_an
     for kind in ("straight", "killed", "off"):
         paths = _copy(merged, tmp_path / kind)
         _register_champion(paths.root, champion_b1)
-        set_train_params(paths.root, **{**WARM, "epochs": 5, **({"replay": False} if kind == "off" else {})})
+        set_train_params(paths.root, **{**WARM, **({"replay": False} if kind == "off" else {})})
         runs[kind] = paths
     assert _train(runs["straight"].root).returncode == 0
     proc = _train(runs["killed"].root, env={"RETRAIN_FAULT": "train.epoch1"})
@@ -292,9 +292,11 @@ def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_an
     proc = _train(runs["killed"].root)
     assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stderr and "replay: each epoch trains on the" in proc.stderr, proc.stderr
+    # star is new to the champion: its head row starts fresh, so the run takes the full schedule, not train.warm
+    assert "new classes the champion does not know (star): the full schedule" in proc.stderr, proc.stderr
     assert _train(runs["off"].root).returncode == 0
     a, b, off = (_report(runs[k]) for k in ("straight", "killed", "off"))
-    assert a["schedule"] == {"warm": True, "epochs": 3, "lr": 0.001} and a["epochs"] == 3  # train.warm, not 5
+    assert a["schedule"] == {"warm": False, "epochs": 3, "lr": 0.002} and a["epochs"] == 3  # train.epochs
     r = a["replay"]
     assert r["new_batches"] == ["batch-2"] and r["new_images"] > 0 and r["old_images"] > r["old_per_epoch"] > 0
     train_images = r["new_images"] + r["old_images"]

@@ -172,7 +172,10 @@ def test_a_workspace_of_an_earlier_retrain_is_refused_with_the_remedy_then_upgra
     doc["retrain"]["registry_wait"] = 30
     del doc["runtime"]
     del doc["audit"]  # a section new in this version
+    del doc["train"]["replay"]  # a key new in this version
     (ws / "params.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    ignore = ws / ".gitignore"
+    ignore.write_text(ignore.read_text().replace("/reports/history.png\n", ""))  # as an earlier init wrote it
     (ws / "dvc.yaml").write_text((ws / "dvc.yaml").read_text() + "# edited by hand\n")
     refused = run_cli("status", cwd=ws)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
@@ -183,10 +186,13 @@ def test_a_workspace_of_an_earlier_retrain_is_refused_with_the_remedy_then_upgra
     assert "params.yaml: validate.workers -> runtime.check_workers" in up.stdout
     assert "params.yaml: audit.level added ('warn', the default)" in up.stdout, up.stdout  # dvc.yaml lists it
     assert "dvc.yaml was edited by hand: left alone" in up.stdout
+    assert "params.yaml: train.replay added ({'old_fraction': 0.25, 'min_per_class': 20}, the default)" in up.stdout
+    assert ".gitignore: /reports/history.png added" in up.stdout and "/reports/history.png" in ignore.read_text()
     from retrain.config import load_params
 
     params = load_params(ws / "params.yaml")
     assert (params.runtime.threads, params.runtime.workers, params.runtime.cache) == (2, 0, "disk")
     assert (params.runtime.check_workers, params.runtime.registry_wait) == (1, 30)
     again = run_cli("upgrade", cwd=ws, check=True).stdout
-    assert "params.yaml:" not in again and "left alone" in again, again  # moved once; the hand edit still stays
+    # moved once; the hand edit still stays
+    assert "params.yaml:" not in again and ".gitignore" not in again and "left alone" in again, again

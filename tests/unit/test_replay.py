@@ -99,3 +99,21 @@ def test_the_sampler_shuffles_the_epochs_draw_and_ranks_share_it():
     plain = EpochSampler(120, seed=0, shuffle=True)
     plain.set_epoch(2)
     assert sorted(i for i, _, _ in plain) == list(range(120))  # no plan: every image
+
+
+def test_the_warm_schedule_applies_to_a_champion_warm_start_that_brings_no_new_class():
+    from retrain.config import TrainParams, WarmParams
+    from retrain.detector.files import ModelFile
+    from retrain.training.train import schedule
+
+    p = TrainParams(epochs=30, lr=0.002, warm=WarmParams(epochs=12, lr=0.001, warmup_epochs=0.5, close_mosaic=3))
+    champion = {"kind": "champion", "model": "m", "version": "3"}
+    known = ModelFile({}, {}, ("circle", "square"), 320, {})
+    warm = schedule(p, champion, known, ("circle", "square"))
+    assert (warm.epochs, warm.lr, warm.warmup_epochs, warm.augment.close_mosaic) == (12, 0.001, 0.5, 3)
+    assert schedule(p.model_copy(update={"epochs": 5}), champion, known, ("circle",)).epochs == 5  # never more
+    assert schedule(p, champion, known, ("circle", "square", "star")) is p  # a new class: the full schedule
+    assert schedule(p, {"kind": "file", "path": "x.pt"}, known, ("circle",)) is p  # base_model: the full schedule
+    assert schedule(p, {"kind": "scratch"}) is p
+    off = p.model_copy(update={"warm": False})
+    assert schedule(off, champion, known, ("circle",)) is off  # warm: off

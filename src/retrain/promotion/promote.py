@@ -149,7 +149,30 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
                              notes=list(decision.notes), parent_version=parent,
                              champion=version if decision.promote else parent, tags=tags, tracking_uri=redact(uri))
     report.write(paths.promotion_report)
+    log_history(uri, name, version)
     return PromotionResult(version, decision, report)
+
+
+def log_history(uri: str, name: str, version: str) -> None:
+    """The model's quality history (``registry.history_plot``) as ``history/history.png`` of the version's MLflow run.
+
+    A view of what the registry holds, drawn after the promotion is complete: a failure here is a warning, never a
+    failed promotion.
+    """
+    import tempfile
+
+    from retrain.registry.history import status
+    from retrain.registry.history_plot import save
+
+    try:
+        mc = client(uri)
+        run_id = mc.get_model_version(name, version).run_id
+        with tempfile.TemporaryDirectory() as tmp:
+            png = save(status(uri, name), name, Path(tmp) / "history.png")
+            if run_id:
+                mc.log_artifact(run_id, str(png), "history")
+    except Exception as e:  # a view: the promotion above is done whatever happens here
+        log.warning("the quality history of %s was not logged to MLflow (%s: %s)", name, type(e).__name__, e)
 
 
 def promotion_key(candidate_sha256: str, eval_report: bytes, params_hash: str) -> str:
@@ -194,12 +217,19 @@ def _lineage_tags(paths: Paths, params: Params, evaluation: EvalReport, train: T
         "classes": ",".join(evaluation.candidate.classes),
         **{f"metric.{k}": f"{v:.6f}" for k, v in (("mAP50-95", cand.map), ("mAP50", cand.map50),
                                                   ("mAP75", cand.map75), ("AR100", cand.ar100))},
+        # AP50-95 per class, for the history plot (80 classes fit the tag's 5000 characters; more are left out)
+        "metric.per_class": _per_class_tag(cand.per_class),
     }
     if evaluation.delta:
         tags["metric.delta_mAP50-95"] = f"{evaluation.delta.map:.6f}"
         lo, hi = evaluation.delta.ci
         tags["metric.delta_ci"] = f"[{lo:.6f}, {hi:.6f}]"
     return {f"{TAG}{k}": v[:5000] for k, v in tags.items()}
+
+
+def _per_class_tag(per_class: dict[str, float]) -> str:
+    text = json.dumps({k: round(v, 4) for k, v in per_class.items()})
+    return text if len(text) <= 5000 else "{}"
 
 
 def _move_aliases(mc: Any, name: str, version: str, parent: str | None, decision: Decision) -> None:

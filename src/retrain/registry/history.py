@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -91,8 +92,18 @@ def status(uri: str, name: str) -> list[dict[str, Any]]:
                      "mAP50-95": t.get(f"{TAG}metric.mAP50-95", ""), "mAP50": t.get(f"{TAG}metric.mAP50", ""),
                      "decision": t.get(f"{TAG}decision", ""), "parent": t.get(f"{TAG}parent_version", ""),
                      "rolled_back": t.get(f"{TAG}rolled_back", "") == "true",
+                     "per_class": _per_class(t.get(f"{TAG}metric.per_class", "")),
                      "created": mv.creation_timestamp})
     return rows
+
+
+def _per_class(text: str) -> dict[str, float]:
+    """The ``metric.per_class`` tag (absent on versions an earlier retrain registered: then no classes)."""
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return {str(k): float(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
 
 def status_lines(rows: list[dict[str, Any]], name: str) -> list[str]:
