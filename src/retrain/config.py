@@ -115,7 +115,8 @@ class WarmParams(_Section):
     defaults (README, "A weekly retrain").
     """
 
-    epochs: int = Field(default=12, ge=1, description="Epochs of a warm-started run (never more than train.epochs).")
+    epochs: int = Field(default=20, ge=1, description="Epochs of a warm-started run (never more than train.epochs; a "
+                        "run that brings a class the champion does not know takes train.epochs).")
     lr: float = Field(default=0.001, gt=0, description="Peak learning rate of a warm-started run.")
     warmup_epochs: float = Field(default=0.5, ge=0, description="Its linear warm-up.")
     close_mosaic: int = Field(default=3, ge=0, description="Its last epochs without mosaic.")
