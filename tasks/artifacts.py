@@ -7,7 +7,6 @@ They are read from the stages' own reports; nothing here computes a result.
 from __future__ import annotations
 
 import csv
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from prefect.artifacts import (
 from tqdm import tqdm
 
 from retrain.audit.report import AuditReport
+from retrain.config import WARM_PLAN
 from retrain.evaluation.report import EvalReport
 from retrain.paths import Paths
 from retrain.promotion.report import PromotionReport
@@ -29,9 +29,6 @@ from retrain.registry.history import status, ui_links
 from retrain.registry.history_plot import history, save
 from retrain.registry.tracking import tracking_uri
 from retrain.validation.report import ValidationRecord
-
-#: The train stage's log line naming a warm-started run's epochs (``training.train.schedule``).
-WARM_PLAN = re.compile(r"warm schedule \(train\.warm\): (\d+) epochs")
 
 
 class TrainingProgress:
@@ -179,14 +176,17 @@ def publish_evaluation(paths: Paths, ui_base: str) -> PromotionReport | None:
 
 def publish_history(paths: Paths, name: str, ui_base: str) -> Path:
     """The model's quality history: mAP50-95 per version, overall and per class, champion moves marked (a markdown
-    table, the PNG in ``reports/history.png`` and in the newest version's MLflow run, ``history/history.png``).
+    table, the PNG in ``reports/history.png`` and in the newest version's MLflow run, ``history/history.png``: both
+    drawn by the promote stage that just ran, drawn here only where it could not).
 
     Returns:
-        The PNG written.
+        The PNG.
     """
     rows = status(tracking_uri(paths.root), name)
     h = history(rows)
-    png = save(rows, name, paths.reports / "history.png")
+    png = paths.reports / "history.png"
+    if not png.is_file():
+        save(rows, name, png)
     classes = list(h.per_class)
     head = ["version", "mAP50-95", *classes, "decision"]
     run = ui_links(tracking_uri(paths.root), name, str(h.versions[-1]), ui_base).get("run") if h.versions else None

@@ -210,9 +210,13 @@ def status(
     rows = run_status(tracking_uri(paths.root), name)
     _out(status_lines(rows, name))
     if plot:
+        from retrain.errors import WorkspaceError
         from retrain.registry.history_plot import save
 
-        png = save(rows, name, paths.root / out)
+        try:
+            png = save(rows, name, paths.root / out)
+        except OSError as e:
+            raise WorkspaceError(f"status --plot: cannot write {paths.root / out}: {e.strerror or e}") from e
         _out(f"quality history of {len(rows)} version(s): {png}")
 
 

@@ -7,6 +7,7 @@ whose message names the file and the key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -106,6 +107,12 @@ class AugmentParams(_Section):
     mosaic: float = Field(default=1.0, ge=0, le=1)
     mixup: float = Field(default=0.0, ge=0, le=1)
     close_mosaic: int = Field(default=10, ge=0, description="Last epochs trained without mosaic.")
+
+
+#: The train stage's log line that starts a warm-started run; the flow's progress bar reads its epoch count from it
+#: (``WARM_PLAN``), so the line and the pattern live here together.
+WARM_PLAN_LOG = "warm schedule (train.warm): %d epochs at lr %g, %g warm-up epochs, mosaic off for the last %d"
+WARM_PLAN = re.compile(re.escape(WARM_PLAN_LOG.split("%d", 1)[0]) + r"(\d+)")
 
 
 class WarmParams(_Section):

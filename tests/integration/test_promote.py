@@ -141,6 +141,7 @@ def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path
     assert "| mAP50-95 | " in md and f"| {x} |" in md and "batch-2" in md
     assert {p.name for p in paths.eval_plots.iterdir()} == {"per_class_ap.png", "pr_curve.png"}
 
+    assert (paths.reports / "history.png").is_file()  # drawn by v4's promotion (the flow's artifact shows it)
     status = run_cli("status", "--plot", cwd=paths.root, check=True).stdout
     assert f"{NAME}: champion version 3, challenger version 4" in status
     # The quality history: one point per version, overall and per class, the promotions (1, 3) and the champion.
@@ -159,6 +160,9 @@ def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path
     # Each promotion logged the history to its version's MLflow run.
     run_id = client.get_model_version(NAME, "4").run_id
     assert [f.path for f in client.list_artifacts(run_id, "history")] == ["history/history.png"]
+    unwritable = run_cli("status", "--plot", "--out", "reports/history.png/x.png", cwd=paths.root)
+    assert unwritable.returncode == 1 and "Traceback" not in unwritable.stderr, unwritable.stderr
+    assert "status --plot: cannot write" in unwritable.stderr, unwritable.stderr
     back = run_cli("rollback", cwd=paths.root, check=True).stdout
     assert f"{NAME}@champion: version 3 -> 1" in back
     assert _aliases(client)["champion"] == "1"

@@ -117,3 +117,20 @@ def test_the_warm_schedule_applies_to_a_champion_warm_start_that_brings_no_new_c
     assert schedule(p, {"kind": "scratch"}) is p
     off = p.model_copy(update={"warm": False})
     assert schedule(off, champion, known, ("circle",)) is off  # warm: off
+
+
+def test_the_flows_progress_bar_reads_the_warm_epochs_from_the_train_stages_log_line(tmp_path, caplog):
+    import logging
+
+    from retrain.config import TrainParams, WarmParams
+    from retrain.detector.files import ModelFile
+    from retrain.training.train import schedule
+    from tasks.artifacts import TrainingProgress
+
+    p = TrainParams(epochs=30, warm=WarmParams(epochs=7))
+    with caplog.at_level(logging.INFO, logger="retrain"):
+        schedule(p, {"kind": "champion", "model": "m", "version": "3"}, ModelFile({}, {}, ("a",), 320, {}), ("a",))
+    progress = TrainingProgress(tmp_path, p.epochs)
+    for record in caplog.records:
+        progress.read_plan(f"{record.levelname} {record.getMessage()}")
+    assert progress.epochs == 7

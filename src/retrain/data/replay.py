@@ -30,6 +30,8 @@ class ReplayPlan:
         old_per_epoch: Older images drawn each epoch.
         min_per_class: Boxes each class of the older images keeps every epoch.
         new_batches: The batches counted as new.
+        holding: Per class of the older images, the older images that hold it (built once, with ``boxes``).
+        total: Per class of the older images, its boxes in all of them.
     """
 
     new: list[int]
@@ -38,6 +40,8 @@ class ReplayPlan:
     old_per_epoch: int
     min_per_class: int
     new_batches: list[str] = field(default_factory=list)
+    holding: dict[int, list[int]] = field(default_factory=dict)
+    total: Counter[int] = field(default_factory=Counter)
 
     @property
     def size(self) -> int:
@@ -46,7 +50,8 @@ class ReplayPlan:
 
     def draw(self, seed: int, epoch: int) -> list[int]:
         """The epoch's images (in no particular order): every new one, then the older ones drawn for it."""
-        chosen = _class_aware(self.old, self.boxes, self.min_per_class, random.Random(f"{seed}:{epoch}:replay"))
+        chosen = _class_aware(self.boxes, self.holding, self.total, self.min_per_class,
+                              random.Random(f"{seed}:{epoch}:replay"))
         taken = set(chosen)
         rest = [i for i in self.old if i not in taken]
         random.Random(f"{seed}:{epoch}:fill").shuffle(rest)
@@ -59,14 +64,20 @@ class ReplayPlan:
                 f"{len(self.old)} older ones (at least {self.min_per_class} boxes of each older class)")
 
 
-def _class_aware(old: list[int], boxes: dict[int, Counter[int]], per_class: int, rng: random.Random) -> list[int]:
-    """Older images drawn until each class has ``per_class`` boxes (or all it has), rarest class first."""
+def _by_class(old: list[int], boxes: dict[int, Counter[int]]) -> tuple[dict[int, list[int]], Counter[int]]:
+    """Per class, the older images holding it and its boxes in all of them."""
     total: Counter[int] = Counter()
     holding: dict[int, list[int]] = {}
     for i in old:
         total.update(boxes[i])
         for c in boxes[i]:
             holding.setdefault(c, []).append(i)
+    return holding, total
+
+
+def _class_aware(boxes: dict[int, Counter[int]], holding: dict[int, list[int]], total: Counter[int], per_class: int,
+                 rng: random.Random) -> list[int]:
+    """Older images drawn until each class has ``per_class`` boxes (or all it has), rarest class first."""
     chosen: list[int] = []
     taken: set[int] = set()
     have: Counter[int] = Counter()
@@ -104,8 +115,9 @@ def plan(batches: list[str], labels: list[dict[str, Any]], known: list[str], par
     new = [i for i, b in enumerate(batches) if b not in seen]
     old = [i for i, b in enumerate(batches) if b in seen]
     boxes = {i: Counter(int(c) for c in labels[i]["cls"].reshape(-1)) for i in old}
+    holding, total = _by_class(old, boxes)
     want = min(len(old), math.ceil(params.old_fraction * len(old)))
-    most = max((len(_class_aware(old, boxes, params.min_per_class, random.Random(f"{seed}:{e}:replay")))
+    most = max((len(_class_aware(boxes, holding, total, params.min_per_class, random.Random(f"{seed}:{e}:replay")))
                 for e in range(epochs)), default=0)
     return ReplayPlan(new, old, boxes, max(want, most), params.min_per_class,
-                      sorted({b for b in batches if b not in seen}))
+                      sorted({b for b in batches if b not in seen}), holding, total)

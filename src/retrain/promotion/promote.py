@@ -149,28 +149,27 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
                              notes=list(decision.notes), parent_version=parent,
                              champion=version if decision.promote else parent, tags=tags, tracking_uri=redact(uri))
     report.write(paths.promotion_report)
-    log_history(uri, name, version)
+    log_history(uri, name, version, paths.reports / "history.png")
     return PromotionResult(version, decision, report)
 
 
-def log_history(uri: str, name: str, version: str) -> None:
-    """The model's quality history (``registry.history_plot``) as ``history/history.png`` of the version's MLflow run.
+def log_history(uri: str, name: str, version: str, out: Path) -> None:
+    """The model's quality history (``registry.history_plot``) drawn once to ``out`` (``reports/history.png``, which
+    the flow's ``retrain-history`` artifact then shows) and logged as ``history/history.png`` of the version's run.
 
     A view of what the registry holds, drawn after the promotion is complete: a failure here is a warning, never a
-    failed promotion.
+    failed promotion (and leaves no older drawing at ``out``).
     """
-    import tempfile
-
     from retrain.registry.history import status
     from retrain.registry.history_plot import save
 
     try:
+        out.unlink(missing_ok=True)
         mc = client(uri)
         run_id = mc.get_model_version(name, version).run_id
-        with tempfile.TemporaryDirectory() as tmp:
-            png = save(status(uri, name), name, Path(tmp) / "history.png")
-            if run_id:
-                mc.log_artifact(run_id, str(png), "history")
+        png = save(status(uri, name), name, out)
+        if run_id:
+            mc.log_artifact(run_id, str(png), "history")
     except Exception as e:  # a view: the promotion above is done whatever happens here
         log.warning("the quality history of %s was not logged to MLflow (%s: %s)", name, type(e).__name__, e)
 

@@ -25,7 +25,7 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.loggers import CSVLogger, MLFlowLogger
 
-from retrain.config import Params, TrainParams
+from retrain.config import WARM_PLAN_LOG, Params, TrainParams
 from retrain.data.master import Master, load_master, verify_images
 from retrain.detector.files import ModelFile, load_model_file, save_model_file, warm_start
 from retrain.detector.model import build_model
@@ -167,8 +167,7 @@ def schedule(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None =
                  ", ".join(new))
         return p
     w = p.warm
-    log.info("warm schedule (train.warm): %d epochs at lr %g, %g warm-up epochs, mosaic off for the last %d",
-             min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
+    log.info(WARM_PLAN_LOG, min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
     return p.model_copy(update={"epochs": min(w.epochs, p.epochs), "lr": w.lr, "warmup_epochs": w.warmup_epochs,
                                 "augment": p.augment.model_copy(update={"close_mosaic": w.close_mosaic})})
 
