@@ -170,6 +170,25 @@ def rollback(
     _out(f"{params.registry.model_name}@champion: version {r.previous} -> {r.champion}")
 
 
+@app.command()
+def export(
+    out: Annotated[Path, typer.Argument(help="A new folder for the export (model, classes, metadata, README).")],
+    version: Annotated[str | None, typer.Option("--version", help="Registered version to export.")] = None,
+    alias: Annotated[str | None, typer.Option("--alias", help="Alias to export (default: champion).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="onnx (onnxruntime, CPU).")] = "onnx",
+    project: ProjectOpt = Path("."),
+) -> None:
+    """Write a registered version (default: the champion) as a deployable folder, checked against PyTorch."""
+    from retrain.promotion.export import export_version
+
+    paths, params = _workspace(project)
+    e = export_version(paths, params, out.resolve(), version, alias, fmt)
+    checked = (f"mAP50-95 {e.parity.map_onnx:.4f} vs PyTorch {e.parity.map_torch:.4f} on {e.parity.images} val "
+               f"images, boxes within {e.parity.box_diff:.2g} px, scores within {e.parity.score_diff:.2g}"
+               if e.parity else "not checked: no val images in this workspace")
+    _out(f"{e.model} version {e.version} exported to {e.out} ({', '.join(e.files)}); {checked}")
+
+
 @app.command("registry-copy")
 def registry_copy(
     source: Annotated[str, typer.Option("--from", help="Tracking URI to copy the champion from "

@@ -134,13 +134,14 @@ def ensure_experiment(uri: str, name: str, artifact_location: str | None, wait: 
         raise RetrainError(f"tracking store: cannot make experiment {name} ({e.message})") from e
 
 
-def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
-    """The version behind ``<model_name>@champion``; ``None`` when there is no such model or alias.
+def current_champion(mc: Any, model_name: str, wait: float = 0.0, alias: str = CHAMPION) -> str | None:
+    """The version behind ``<model_name>@champion`` (or ``@alias``); ``None`` when there is no such model or alias.
 
     Args:
         mc: An ``MlflowClient``.
         model_name: Registered model name.
         wait: Seconds to retry while the store is busy or down (see ``registry_call``).
+        alias: Another alias (``challenger``).
 
     Raises:
         TransientError: The registry is still busy or unreachable after ``wait`` seconds.
@@ -148,16 +149,16 @@ def current_champion(mc: Any, model_name: str, wait: float = 0.0) -> str | None:
     """
     def read() -> str | None:
         try:
-            return str(mc.get_model_version_by_alias(model_name, CHAMPION).version)
+            return str(mc.get_model_version_by_alias(model_name, alias).version)
         except MlflowException as e:
             if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 return None
             raise
 
     try:
-        return registry_call(f"read {model_name}@{CHAMPION}", read, wait)
+        return registry_call(f"read {model_name}@{alias}", read, wait)
     except MlflowException as e:
-        raise RetrainError(f"model registry: cannot read {model_name}@{CHAMPION} ({e.message})") from e
+        raise RetrainError(f"model registry: cannot read {model_name}@{alias} ({e.message})") from e
 
 
 def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> RegisteredModel | None:
@@ -175,28 +176,38 @@ def champion(uri: str, model_name: str, dest: Path, wait: float = 0.0) -> Regist
     Raises:
         RetrainError: The registry cannot be reached, or the champion has no retrain model file.
     """
+    version = current_champion(client(uri), model_name, wait)
+    return None if version is None else fetch_version(uri, model_name, version, dest, wait)
+
+
+def fetch_version(uri: str, model_name: str, version: str, dest: Path, wait: float = 0.0) -> RegisteredModel:
+    """A registered version's model file, downloaded once into ``dest`` (``dest/v<N>``, kept while its sha256 holds).
+
+    Raises:
+        RetrainError: The registry cannot be reached, has no such version, or the version has no retrain model file.
+    """
     mc = client(uri)
-    version = current_champion(mc, model_name, wait)
-    if version is None:
-        return None
     where = dest / f"v{version}"
     done = where / ".complete"
     if done.is_file():
         kept = where / done.read_text().split(" ", 1)[-1].strip()
         if kept.is_file() and hashlib.sha256(kept.read_bytes()).hexdigest() == done.read_text().split(" ", 1)[0]:
-            log.info("champion: %s version %s (downloaded before)", model_name, version)
+            log.info("%s version %s: downloaded before", model_name, version)
             return RegisteredModel(model_name, version, kept)
     shutil.rmtree(dest, ignore_errors=True)  # only this version's files: no stale weights are ever picked up
     where.mkdir(parents=True)
     # The version's own artifact URI from this registry: a ``models:/`` URI would be resolved against MLflow's
     # default registry (MLFLOW_REGISTRY_URI, else ./mlflow.db of the current folder), not necessarily ``uri``.
-    source = registry_call(f"locate {model_name} version {version}",
-                           lambda: mc.get_model_version_download_uri(model_name, version), wait)
+    try:
+        source = registry_call(f"locate {model_name} version {version}",
+                               lambda: mc.get_model_version_download_uri(model_name, version), wait)
+    except MlflowException as e:
+        raise RetrainError(f"model registry: {model_name} has no version {version} ({_first_line(e)})") from e
     local = Path(registry_call(f"download {model_name} version {version}", lambda: download_artifacts(
         artifact_uri=source, dst_path=str(where), tracking_uri=uri), wait))
     found = sorted(local.rglob(WEIGHTS_NAME))
     if not found:
         raise RetrainError(f"model registry: {model_name} version {version} has no {WEIGHTS_NAME}")
     done.write_text(f"{hashlib.sha256(found[0].read_bytes()).hexdigest()} {found[0].relative_to(where)}")
-    log.info("champion: %s version %s", model_name, version)
+    log.info("%s version %s: downloaded", model_name, version)
     return RegisteredModel(model_name, version, found[0])

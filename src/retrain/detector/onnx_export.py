@@ -1,0 +1,82 @@
+"""A retrain model file as ONNX, run by onnxruntime, and the parity check between the two backends.
+
+The network is built from the model file's own yaml in ultralytics' restricted mode (``ModelFile.build``: nothing is
+unpickled), its Conv+BatchNorm pairs fused as ultralytics' exporter does, its Detect head put in export mode (one
+output: the decoded boxes and class scores before NMS), and written by ``torch.onnx.export``'s TorchScript-based
+exporter (the graph ultralytics' own ONNX export writes) with a fixed ``imgsz`` x ``imgsz`` input and a dynamic batch
+axis, for onnxruntime's CPU provider.  Both backends then go through the same NMS, the same mapping back to the
+original pixels and the same scoring (``detector.predict``, pycocotools): ``evaluation.parity`` compares them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from retrain.detector.files import ModelFile
+from retrain.errors import RetrainError
+
+#: ONNX opset: onnxruntime >= 1.16 runs it on CPU, and every op of a YOLO detector exists in it.
+OPSET = 17
+INPUT, OUTPUT = "images", "output0"
+
+
+class ExportError(RetrainError):
+    """An export that failed, or whose model does not match the PyTorch one."""
+
+
+def export_onnx(mf: ModelFile, out: Path, opset: int = OPSET) -> Path:
+    """Write ``mf`` as an ONNX model to ``out``: input ``images`` float32 [N, 3, imgsz, imgsz] (RGB, 0-1,
+    letterboxed), output ``output0`` float32 [N, 4 + classes, anchors] (box centre x, y, width, height in input
+    pixels, then each class's score), before NMS.
+
+    Returns:
+        ``out``.
+    """
+    from ultralytics.nn.modules.head import Detect
+
+    model = mf.build().float().eval()
+    model = model.fuse(verbose=False)
+    for m in model.modules():
+        if isinstance(m, Detect):
+            m.export, m.dynamic = True, False
+            m.format = "onnx"  # type: ignore[assignment]  # ultralytics annotates it None
+    dummy = torch.zeros(1, 3, mf.imgsz, mf.imgsz)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The trace's notes on the head's shape check (constant for a fixed imgsz: what is wanted), and the notice that
+        # the TorchScript-based exporter is no longer torch's default: ultralytics' exporter silences both too.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx.*|retrain\.detector.*")
+        model(dummy)  # anchors and strides for this input size, as ultralytics' exporter's dry run
+        torch.onnx.export(model, (dummy,), str(out), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
+                          dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, do_constant_folding=True,
+                          dynamo=False)
+    return out
+
+
+class OnnxDetector:
+    """An exported model in an onnxruntime CPU session: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the decoded
+    predictions (a torch tensor, as the PyTorch model gives them), for ``detector.predict``'s NMS."""
+
+    def __init__(self, path: Path, threads: int = 0) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0: onnxruntime's default (the physical cores)
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        shape = self.session.get_inputs()[0].shape
+        self.imgsz = int(shape[-1]) if isinstance(shape[-1], int) else None
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        x = np.ascontiguousarray(img.detach().cpu().numpy(), dtype=np.float32)
+        return torch.from_numpy(self.session.run([OUTPUT], {INPUT: x})[0])
+
+
+def sha256(path: Path) -> str:
+    """The file's sha256 (hex)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,0 +1,144 @@
+"""``retrain export``: a registered version as a deployable folder for use outside MLflow.
+
+The version's retrain model file is downloaded from the registry and loaded safely (``detector.files``); its network is
+exported to ONNX (``detector.onnx_export``) and, where the workspace has a master with val images, checked against the
+PyTorch model on them (every raw prediction, and mAP50-95 through the same NMS and pycocotools).  An export that does
+not match is not written.  The folder is written whole or not at all (staged beside it, then renamed): ``model.onnx``,
+``classes.json``, ``metadata.json`` (version, imgsz, sha256, parity figures) and a ``README.md`` of the input and
+output contract.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from retrain.config import Params
+from retrain.data.master import load_master
+from retrain.detector.files import ModelFile, load_model_file
+from retrain.detector.onnx_export import INPUT, OPSET, OUTPUT, ExportError, export_onnx, sha256
+from retrain.evaluation.parity import Parity, parity
+from retrain.paths import Paths
+from retrain.registry.tracking import CHAMPION, client, current_champion, fetch_version, tracking_uri
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("onnx",)
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What ``retrain export`` wrote.
+
+    Attributes:
+        out: The folder.
+        model: Registered model name.
+        version: The version exported.
+        files: The folder's files.
+        parity: The check against PyTorch; ``None`` when the workspace had no val images to check on.
+    """
+
+    out: Path
+    model: str
+    version: str
+    files: list[str]
+    parity: Parity | None
+
+
+def _version(paths: Paths, params: Params, version: str | None, alias: str | None) -> str:
+    name = params.registry.model_name
+    if version is not None and alias is not None:
+        raise ExportError("export: give --version or --alias, not both")
+    if version is not None:
+        return version
+    found = current_champion(client(tracking_uri(paths.root)), name, params.runtime.registry_wait, alias or CHAMPION)
+    if found is None:
+        raise ExportError(f"export: {name}@{alias or CHAMPION} does not exist in this workspace's registry")
+    return found
+
+
+def export_version(paths: Paths, params: Params, out: Path, version: str | None = None, alias: str | None = None,
+                   fmt: str = "onnx") -> Exported:
+    """Export a registered version (default: the champion) into the new folder ``out``.
+
+    Raises:
+        ExportError: An unknown format, ``out`` not empty, no such version or alias, or the export does not match the
+            PyTorch model on the master's val images (nothing is written then).
+    """
+    if fmt not in FORMATS:
+        raise ExportError(f"export: format {fmt!r} is not supported (supported: {', '.join(FORMATS)})")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"export: {out} exists and is not an empty folder; give a new one")
+    name = params.registry.model_name
+    number = _version(paths, params, version, alias)
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with tempfile.TemporaryDirectory(prefix="retrain-export-") as tmp:
+            reg = fetch_version(tracking_uri(paths.root), name, number, Path(tmp), params.runtime.registry_wait)
+            mf = load_model_file(reg.weights)
+            onnx = export_onnx(mf, staging / "model.onnx")
+        check = None
+        if (paths.master / "annotations.json").is_file():
+            master = load_master(paths.master, paths.data)
+            if master.images("val"):
+                check = parity(mf, onnx, master, "val", params, paths.cache)
+        if check is None:
+            log.warning("export: no master with val images in this workspace: the ONNX model is not checked against "
+                        "PyTorch")
+        elif not check.passed:
+            raise ExportError(f"export: {name} version {number}: the ONNX model does not match the PyTorch one on "
+                              f"{check.images} val images: {check.reason}")
+        digest = sha256(onnx)
+        source = {"model": name, "version": number, "data_version": str(mf.meta.get("data_version", ""))[:12]}
+        (staging / "classes.json").write_text(json.dumps(list(mf.names), indent=1) + "\n")
+        (staging / "metadata.json").write_text(json.dumps(
+            {**source, "format": "onnx", "file": onnx.name, "sha256": digest, "imgsz": mf.imgsz,
+             "classes": list(mf.names), "input": "images", "output": "output0",
+             "parity": asdict(check) if check else None}, indent=1) + "\n")
+        (staging / "README.md").write_text(contract(mf, onnx.name, digest, check, source))
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return Exported(out, name, number, sorted(p.name for p in out.iterdir()), check)
+
+
+def contract(mf: ModelFile, onnx_file: str, digest: str, check: Parity | None, source: dict[str, Any]) -> str:
+    """The README of an exported folder: what goes in, what comes out, what to do with it."""
+    n = len(mf.names)
+    checked = (f"Checked against the PyTorch model on the {check.images} {check.split} images of the master: mAP50-95 "
+               f"{check.map_onnx:.4f} (PyTorch {check.map_torch:.4f}); raw boxes within {check.box_diff:.2g} px, "
+               f"class scores within {check.score_diff:.2g}.") if check else "Not checked against the PyTorch model."
+    origin = ", ".join(f"{k} {v}" for k, v in source.items())
+    return f"""# {source.get('model', 'retrain detector')}: ONNX export
+
+`{onnx_file}` (sha256 `{digest}`), from {origin}. Classes: `classes.json` ({n}, index order). Opset {OPSET}.
+
+## Input
+`{INPUT}`: float32 `[N, 3, {mf.imgsz}, {mf.imgsz}]`, N any (dynamic batch). RGB, values 0-1. Each image resized so
+that its longer side is {mf.imgsz} (aspect kept) and padded to {mf.imgsz} x {mf.imgsz} with grey (114/255), centred:
+ultralytics' `LetterBox`.
+
+## Output
+`{OUTPUT}`: float32 `[N, {4 + n}, anchors]`, before NMS. Per anchor: box centre x, y, width, height in input pixels,
+then one score (0-1) per class. Apply NMS (ultralytics' `non_max_suppression`; evaluation used conf 0.001,
+iou 0.7, 300 detections), then undo the letterbox (subtract the padding, divide by the scale) for original pixels.
+
+## Parity
+{checked}
+
+## Run it
+```python
+import numpy as np, onnxruntime as ort
+session = ort.InferenceSession("{onnx_file}", providers=["CPUExecutionProvider"])
+(pred,) = session.run(["{OUTPUT}"], {{"{INPUT}": batch.astype(np.float32)}})  # batch: [N, 3, {mf.imgsz}, {mf.imgsz}]
+```
+"""
