@@ -6,7 +6,7 @@ boxes back to each original image, as its validator does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,20 +75,11 @@ def predict_loader(model: torch.nn.Module, loader: Any, image_ids: Mapping[str, 
     """Detections of ``model`` (put in eval mode) on every batch of ``loader``, as COCO result dicts."""
     model.eval()
     device = next(model.parameters()).device
-    return predict_batches(lambda img: model(img.to(device)), loader, image_ids, category_ids, conf, iou, max_det,
-                           multi_label)
-
-
-def predict_batches(forward: Callable[[torch.Tensor], Any], loader: Any, image_ids: Mapping[str, int],
-                    category_ids: Sequence[int], conf: float, iou: float, max_det: int, multi_label: bool = True
-                    ) -> list[dict[str, Any]]:
-    """Detections of any backend (``forward``: a float batch scaled to 0-1 -> decoded predictions) on every batch
-    of ``loader``, through the same NMS and mapping, as COCO result dicts."""
     dets: list[dict[str, Any]] = []
     for batch in loader:
-        img = batch["img"].float() / 255
+        img = batch["img"].to(device).float() / 255
         ids = [image_ids[f] for f in batch["im_file"]]
-        dets.extend(postprocess(forward(img), batch, ids, category_ids, conf, iou, max_det, multi_label))
+        dets.extend(postprocess(model(img), batch, ids, category_ids, conf, iou, max_det, multi_label))
     return dets
 
 

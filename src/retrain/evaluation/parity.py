@@ -1,7 +1,8 @@
 """Does an exported model answer as the PyTorch one? The same images, every raw prediction, then mAP50-95.
 
 Both backends go through the evaluation's NMS (``evaluate``'s conf, iou, max_det), the same mapping back to the
-original pixels and pycocotools (``detector.predict``, ``metrics.coco``), so only the network's arithmetic differs.
+original pixels (``detector.predict.postprocess``) and pycocotools (``metrics.coco``), so only the network's arithmetic
+differs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +19,7 @@ from retrain.data.loading import SplitReader
 from retrain.data.master import Master
 from retrain.detector.files import ModelFile
 from retrain.detector.onnx_export import ExportError, OnnxDetector
-from retrain.detector.predict import Nms, category_ids_for, predict_batches
+from retrain.detector.predict import Nms, category_ids_for, postprocess
 from retrain.metrics.coco import ground_truth, score
 
 #: Tolerances: mAP50-95 on the same images (issue 23), and per raw prediction before NMS (boxes in input pixels, class
@@ -74,31 +76,29 @@ def parity(mf: ModelFile, onnx_path: Path, master: Master, split: str, params: P
     loader, ids, cats = reader.loader(ds, train=False), reader.image_ids(ds, split), category_ids_for(mf.names, master)
     model = mf.build().eval()
     onnx = OnnxDetector(onnx_path)
-    diffs = {"box": 0.0, "score": 0.0}
-
-    def torch_forward(img: torch.Tensor) -> torch.Tensor:
+    box = cls = 0.0
+    dets: dict[str, list[dict[str, Any]]] = {"torch": [], "onnx": []}
+    for batch in loader:  # one pass: each batch through both backends, compared, then through the same NMS
+        img = batch["img"].float() / 255
         with torch.no_grad():
             out = model(img)
-        return out[0] if isinstance(out, tuple | list) else out
-
-    def onnx_forward(img: torch.Tensor) -> torch.Tensor:
-        got, want = onnx(img), torch_forward(img)
+        want = out[0] if isinstance(out, tuple | list) else out
+        got = onnx(img)
         if got.shape != want.shape:
             raise ExportError(f"parity: the ONNX model answers shape {tuple(got.shape)}, PyTorch {tuple(want.shape)}")
-        diffs["box"] = max(diffs["box"], float((got[:, :4] - want[:, :4]).abs().max()))
-        diffs["score"] = max(diffs["score"], float((got[:, 4:] - want[:, 4:]).abs().max()))
-        return got
-
+        box = max(box, float((got[:, :4] - want[:, :4]).abs().max()))
+        cls = max(cls, float((got[:, 4:] - want[:, 4:]).abs().max()))
+        batch_ids = [ids[f] for f in batch["im_file"]]
+        for name, preds in (("torch", want), ("onnx", got)):
+            dets[name] += postprocess(preds, batch, batch_ids, cats, nms.conf, nms.iou, nms.max_det)
     gt = ground_truth(master.doc, split)
-    m_torch = score(gt, predict_batches(torch_forward, loader, ids, cats, nms.conf, nms.iou, nms.max_det)).overall
-    m_onnx = score(gt, predict_batches(onnx_forward, loader, ids, cats, nms.conf, nms.iou, nms.max_det)).overall
+    m_torch, m_onnx = score(gt, dets["torch"]).overall, score(gt, dets["onnx"]).overall
     a, b = float(m_torch.map), float(m_onnx.map)
     reasons = []
     if not (math.isfinite(b) and abs(a - b) <= MAP_TOLERANCE):
         reasons.append(f"mAP50-95 {b:.4f} vs PyTorch {a:.4f} (tolerance {MAP_TOLERANCE})")
-    if not diffs["box"] <= BOX_TOLERANCE:
-        reasons.append(f"a box differs by {diffs['box']:.4g} px (tolerance {BOX_TOLERANCE})")
-    if not diffs["score"] <= SCORE_TOLERANCE:
-        reasons.append(f"a class score differs by {diffs['score']:.4g} (tolerance {SCORE_TOLERANCE})")
-    return Parity(split, len(images), round(a, 5), round(b, 5), diffs["box"], diffs["score"], not reasons,
-                  "; ".join(reasons))
+    if not box <= BOX_TOLERANCE:
+        reasons.append(f"a box differs by {box:.4g} px (tolerance {BOX_TOLERANCE})")
+    if not cls <= SCORE_TOLERANCE:
+        reasons.append(f"a class score differs by {cls:.4g} (tolerance {SCORE_TOLERANCE})")
+    return Parity(split, len(images), round(a, 5), round(b, 5), box, cls, not reasons, "; ".join(reasons))
