@@ -65,8 +65,12 @@ def test_the_champion_exports_to_onnx_that_answers_as_pytorch_and_bad_requests_w
     assert missing.returncode == 1 and "has no version 99" in missing.stderr, missing.stderr
     unknown = run_cli("export", tmp_path / "ov", "--format", "tflite", cwd=ws.root)
     assert unknown.returncode == 1 and "format 'tflite' is not supported" in unknown.stderr, unknown.stderr
-    for bad in (missing, unknown, again):
-        assert "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    (tmp_path / "a-file").write_text("not a folder")
+    unwritable = run_cli("export", tmp_path / "a-file" / "deploy", cwd=ws.root)
+    assert unwritable.returncode == 1 and "Not a directory" in unwritable.stderr, unwritable.stderr
+    for bad in (missing, unknown, again, unwritable):
+        errors = [line for line in bad.stderr.splitlines() if line.startswith("error: ")]
+        assert "Traceback" not in bad.stderr and len(errors) == 1, bad.stderr
     assert not (tmp_path / "v99").exists() and not (tmp_path / "ov").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no staging left behind
 

@@ -106,6 +106,8 @@ def export_version(paths: Paths, params: Params, out: Path, version: str | None 
             out.rmdir()  # empty, checked above
         out.parent.mkdir(parents=True, exist_ok=True)
         staging.rename(out)
+    except OSError as e:  # a folder that cannot be written (or read): one line, nothing left behind
+        raise ExportError(f"export: {e.filename or out}: {e.strerror or e}") from e
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return Exported(out, name, number, sorted(p.name for p in out.iterdir()), check)
