@@ -99,7 +99,7 @@ def export_version(paths: Paths, params: Params, out: Path, version: str | None 
         (staging / "classes.json").write_text(json.dumps(list(mf.names), indent=1) + "\n")
         (staging / "metadata.json").write_text(json.dumps(
             {**source, "format": "onnx", "file": onnx.name, "sha256": digest, "imgsz": mf.imgsz,
-             "classes": list(mf.names), "input": "images", "output": "output0",
+             "classes": list(mf.names), "input": INPUT, "output": OUTPUT,
              "parity": asdict(check) if check else None}, indent=1) + "\n")
         (staging / "README.md").write_text(contract(mf, onnx.name, digest, check, source))
         if out.exists():
