@@ -16,7 +16,6 @@ from ultralytics.utils import ops
 from ultralytics.utils.nms import non_max_suppression
 
 from retrain.config import RuntimeParams, TrainParams
-from retrain.data.loading import SplitReader
 from retrain.data.master import Master
 from retrain.detector.files import ModelFile
 from retrain.device import on_cuda
@@ -97,6 +96,8 @@ def predict_split(mf: ModelFile, master: Master, split: str, nms: Nms, batch: in
     The images are letterboxed to the model's own ``imgsz`` (no decoded-image cache); its classes are mapped to the
     master's by name; it runs where training would (``train.accelerator``).
     """
+    from retrain.data.loading import SplitReader  # here: the served model imports this module, never Lightning
+
     tp = train.model_copy(update={"imgsz": mf.imgsz, "batch": batch})
     reader = SplitReader(master, tp, runtime.model_copy(update={"cache": "none"}), cache_dir)
     ds = reader.dataset(split, augment=False, cache="none")

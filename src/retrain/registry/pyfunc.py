@@ -1,29 +1,42 @@
 """The registered model as an MLflow pyfunc: images in, boxes, scores and classes out.
 
 The version's artifacts are the retrain model file (``weights``: state dict + yaml + class names + imgsz,
-loaded with ``weights_only=True``) and, as MLflow's models-from-code, ``serving.py``, which only names
-this class: nothing of the model is unpickled when it is loaded or served.
+loaded with ``weights_only=True``), its ONNX export (``onnx``, when it matched the PyTorch model at promotion) and,
+as MLflow's models-from-code, ``serving.py``, which only names this class: nothing of the model is unpickled when it
+is loaded or served.
+
+Backend (``RETRAIN_SERVE_BACKEND`` when the model is loaded): ``auto`` (default) runs the ONNX model with onnxruntime
+when the version has one, else the PyTorch network; ``onnx`` requires the ONNX model; ``torch`` always runs PyTorch.
+Both answer through the same letterbox, NMS and mapping back to the original pixels.
 
 Input: a DataFrame with an ``image`` column of encoded image bytes (JPEG, PNG ...; base64 in JSON, as MLflow
-decodes ``binary`` columns).  Output: one row per detection: ``image`` (row of the input), ``x_min``,
-``y_min``, ``x_max``, ``y_max`` (pixels of the original image), ``score``, ``class_id``, ``class_name``.
-Params (optional, per request): ``conf`` (0.25), ``iou`` (0.7), ``max_det`` (300).
+decodes ``binary`` columns), run in batches of up to ``BATCH`` images.  Output: one row per detection: ``image``
+(row of the input), ``x_min``, ``y_min``, ``x_max``, ``y_max`` (pixels of the original image), ``score``,
+``class_id``, ``class_name``.  Params (optional, per request): ``conf`` (0.25), ``iou`` (0.7), ``max_det`` (300).
+A row that is not a decodable image (not an image, truncated, empty, over PIL's decompression-bomb limit) fails the
+request with MLflow's ``INVALID_PARAMETER_VALUE`` (HTTP 400) naming the row.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from mlflow.pyfunc import PythonModel
 from PIL import Image
 
 from retrain.safety import pil_open
 
+BACKEND_ENV = "RETRAIN_SERVE_BACKEND"
+BACKENDS = ("auto", "onnx", "torch")
+BATCH = 16  # images per forward pass of a request
 COLUMNS = ("image", "x_min", "y_min", "x_max", "y_max", "score", "class_id", "class_name")
 DEFAULT_PARAMS: dict[str, Any] = {"conf": 0.25, "iou": 0.7, "max_det": 300}
 
@@ -34,28 +47,69 @@ def _decode(value: Any, row: int) -> np.ndarray:
     PIL's own ``open`` (ultralytics' patched one would try to pip-install a HEIF plugin for an unknown upload).
 
     Raises:
-        ValueError: The row is not a decodable image (one line: which row, why).
+        MlflowException: ``INVALID_PARAMETER_VALUE`` (a 400 answer): the row is not a decodable image (one line:
+            which row, why).
     """
     try:
         data = base64.b64decode(value) if isinstance(value, str) else bytes(value)
+        if not data:
+            raise ValueError("no bytes")
         with pil_open(io.BytesIO(data)) as im:
             return np.asarray(im.convert("RGB"))
     except Exception as e:  # binascii, PIL's UnidentifiedImageError, DecompressionBombError, truncated data ...
-        raise ValueError(f"image {row}: not a decodable image ({type(e).__name__}: {e})") from e
+        raise MlflowException.invalid_parameter_value(
+            f"image {row}: not a decodable image ({type(e).__name__}: {e})") from e
+
+
+def _boxed(letterbox: Any, img: np.ndarray) -> np.ndarray:
+    out = letterbox(image=img)
+    assert isinstance(out, np.ndarray)  # image only in, image only out
+    return out
+
+
+def backend_choice(has_onnx: bool, wanted: str | None = None) -> str:
+    """``onnx`` or ``torch``, from ``RETRAIN_SERVE_BACKEND`` (or ``wanted``) and whether the version has an ONNX model.
+
+    Raises:
+        MlflowException: An unknown backend, or ``onnx`` for a version without an ONNX model.
+    """
+    want = (wanted if wanted is not None else os.environ.get(BACKEND_ENV, "auto")).strip().lower() or "auto"
+    if want not in BACKENDS:
+        raise MlflowException.invalid_parameter_value(f"{BACKEND_ENV}={want!r}: use one of {', '.join(BACKENDS)}")
+    if want == "onnx" and not has_onnx:
+        raise MlflowException.invalid_parameter_value(f"{BACKEND_ENV}=onnx: this model version has no ONNX model "
+                                                      "(see its retrain.onnx.* tags); use auto or torch")
+    return "onnx" if has_onnx and want != "torch" else "torch"
 
 
 class DetectorModel(PythonModel):
-    """A retrain detector behind MLflow's pyfunc interface."""
+    """A retrain detector behind MLflow's pyfunc interface (the backend: see the module docstring)."""
+
+    names: list[str]
+    imgsz: int
+    backend: str
+    net: Callable[[Any], Any]
 
     # torch, ultralytics and the detector are imported when a model is loaded or run, not when promote logs this
     # module (MLflow imports it then): seconds of imports the registry write does not need.
     def load_context(self, context: Any) -> None:
         from retrain.detector.files import load_model_file
 
+        # The model file is read (safely) whichever backend runs: a version whose file is refused never serves.
         mf = load_model_file(Path(context.artifacts["weights"]))
-        self.names = mf.names
-        self.imgsz = mf.imgsz
-        self.net = mf.build().eval()
+        self.names, self.imgsz = list(mf.names), mf.imgsz
+        onnx = context.artifacts.get("onnx")
+        self.backend = backend_choice(bool(onnx))
+        if self.backend == "torch":
+            self.net = mf.build().eval()
+            return
+        from retrain.detector.onnx_export import OnnxDetector
+
+        session = OnnxDetector(Path(onnx))
+        if (session.names, session.imgsz) != (self.names, self.imgsz):
+            raise MlflowException(f"{onnx}: the ONNX model's classes and imgsz ({session.names}, {session.imgsz}) are "
+                                  f"not the model file's ({self.names}, {self.imgsz})")
+        self.net = session
 
     # A DataFrame hint is one MLflow infers no schema from (the logged signature is the schema) and does not warn
     # about, as it does about a predict with no hint at all, each time this module is imported.
@@ -72,21 +126,26 @@ class DetectorModel(PythonModel):
 
         p = {**DEFAULT_PARAMS, **(params or {})}
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame({"image": list(model_input)})
-        rows: list[tuple[Any, ...]] = []
+        if "image" not in frame.columns:
+            raise MlflowException.invalid_parameter_value(f"no 'image' column (columns: {list(frame.columns)})")
+        if not len(frame):
+            raise MlflowException.invalid_parameter_value("no images: the request has no rows")
+        images = [_decode(value, i) for i, value in enumerate(frame["image"])]  # every row checked before any runs
         letterbox = LetterBox(new_shape=(self.imgsz, self.imgsz), auto=False)  # as ultralytics' predictor
-        for i, value in enumerate(frame["image"]):
-            img = _decode(value, i)
-            boxed = letterbox(image=img)
-            assert isinstance(boxed, np.ndarray)  # image only in, image only out
-            tensor = torch.from_numpy(np.ascontiguousarray(boxed.transpose(2, 0, 1)))[None].float() / 255
-            batch = {"img": tensor, "ori_shape": [img.shape[:2]], "ratio_pad": [None]}
+        classes = list(range(len(self.names)))
+        rows: list[tuple[Any, ...]] = []
+        for start in range(0, len(images), BATCH):
+            chunk = images[start:start + BATCH]
+            boxed = np.stack([_boxed(letterbox, img) for img in chunk])
+            tensor = torch.from_numpy(np.ascontiguousarray(boxed.transpose(0, 3, 1, 2))).float() / 255
+            batch = {"img": tensor, "ori_shape": [img.shape[:2] for img in chunk], "ratio_pad": [None] * len(chunk)}
             with torch.no_grad():
-                dets = postprocess(self.net(tensor), batch, [i], list(range(len(self.names))), float(p["conf"]),
-                                   float(p["iou"]), int(p["max_det"]))
+                dets = postprocess(self.net(tensor), batch, list(range(start, start + len(chunk))), classes,
+                                   float(p["conf"]), float(p["iou"]), int(p["max_det"]))
             for d in dets:
                 x, y, w, h = d["bbox"]
                 c = int(d["category_id"])
-                rows.append((i, x, y, x + w, y + h, d["score"], c, self.names[c]))
+                rows.append((d["image_id"], x, y, x + w, y + h, d["score"], c, self.names[c]))
         out = pd.DataFrame(rows, columns=list(COLUMNS))
         return out.astype({"image": "int64", "x_min": "float64", "y_min": "float64", "x_max": "float64",
                            "y_max": "float64", "score": "float64", "class_id": "int64", "class_name": "str"})
