@@ -175,7 +175,8 @@ def export(
     out: Annotated[Path, typer.Argument(help="A new folder for the export (model, classes, metadata, README).")],
     version: Annotated[str | None, typer.Option("--version", help="Registered version to export.")] = None,
     alias: Annotated[str | None, typer.Option("--alias", help="Alias to export (default: champion).")] = None,
-    fmt: Annotated[str, typer.Option("--format", help="onnx (onnxruntime, CPU).")] = "onnx",
+    fmt: Annotated[str, typer.Option("--format", help="onnx (onnxruntime) or openvino (OpenVINO IR; "
+                                                     "needs the openvino package).")] = "onnx",
     project: ProjectOpt = Path("."),
 ) -> None:
     """Write a registered version (default: the champion) as a deployable folder, checked against PyTorch."""

@@ -9,6 +9,7 @@ but one class forgotten" exact rather than hoped for.  Every CLI call is a real 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
@@ -103,6 +105,13 @@ def test_first_model_is_promoted_only_above_min_map_with_every_lineage_tag(train
     assert float(tags["metric.mAP50-95"]) == pytest.approx(score, abs=1e-6)
     assert tags["train_params_hash"] == train["params_hash"] and len(tags["params_hash"]) == 16
     assert tags["classes"] == ",".join(strong.names)
+    # It carries its ONNX export, checked against PyTorch on the val images, and passed the serving check
+    assert tags["onnx"] == "attached" and tags["onnx.parity.passed"] == "True" and tags["onnx.parity.split"] == "val"
+    assert abs(float(tags["onnx.parity.map_onnx"]) - float(tags["onnx.parity.map_torch"])) <= 0.002
+    [onnx] = list(Path(urlparse(client.get_model_version_download_uri(NAME, "2")).path).rglob("model.onnx"))
+    assert tags["onnx.sha256"] == hashlib.sha256(onnx.read_bytes()).hexdigest()
+    assert tags["serving_check"].startswith("passed: loaded from the registry, onnx answered"), tags["serving_check"]
+    assert "retrain.serving_check" not in client.get_model_version(NAME, "1").tags  # not promoted: not checked
     runs = client.search_runs([client.get_experiment_by_name("retrain").experiment_id])
     assert mv.run_id in {r.info.run_id for r in runs}  # the version links to a run of this store
 
@@ -144,6 +153,7 @@ def test_better_promoted_worse_and_forgetful_refused_then_rollback(trained: Path
     assert (paths.reports / "history.png").is_file()  # drawn by v4's promotion (the flow's artifact shows it)
     status = run_cli("status", "--plot", cwd=paths.root, check=True).stdout
     assert f"{NAME}: champion version 3, challenger version 4" in status
+    assert sum(line.endswith(" attached") for line in status.splitlines()) == 4  # each version's ONNX export
     # The quality history: one point per version, overall and per class, the promotions (1, 3) and the champion.
     assert "quality history of 4 version(s)" in status and (paths.reports / "history.png").stat().st_size > 10_000
     from retrain.registry.history import status as registry_status
@@ -252,7 +262,38 @@ def test_promote_and_warm_evaluation_against_a_real_mlflow_server_over_http(trai
         _stop(server)
 
 
-def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(trained: Path, tmp_path: Path):
+def _huge_png(side: int = 30000) -> bytes:
+    """A valid 1-bit PNG of side x side pixels, a few hundred kB (PIL's decompression-bomb limit must refuse it)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    row = b"\0" * (1 + (side + 7) // 8)  # filter byte + the bits of one row
+    z = zlib.compressobj(9)
+    data = b"".join(z.compress(row) for _ in range(side)) + z.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+            + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+
+
+def _invoke(port: int, rows: list[bytes], columns: tuple[str, ...] = ("image",)) -> tuple[int, Any]:
+    """POST rows to the scoring server: (HTTP status, decoded JSON answer)."""
+    import urllib.error
+
+    body = {"dataframe_split": {"columns": list(columns), "data": [[base64.b64encode(r).decode()] for r in rows]},
+            "params": {"conf": 0.001}}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_champion_serves_onnx_or_torch_and_answers_bad_input_with_one_400_naming_the_row(trained: Path,
+                                                                                              tmp_path: Path):
     import mlflow
     import pandas as pd
     import ultralytics
@@ -260,37 +301,91 @@ def test_the_champion_serves_with_mlflow_models_serve_and_loads_in_process(train
     paths = _fresh(trained, tmp_path / "ws")
     _round(paths, load_model_file(paths.candidate / "model.pt"))
     names = set(load_model_file(paths.candidate / "model.pt").names)
-    bus = Path(ultralytics.__file__).parent / "assets" / "bus.jpg"
+    bus = (Path(ultralytics.__file__).parent / "assets" / "bus.jpg").read_bytes()
     uri = _uri(paths)
     with pytest.MonkeyPatch.context() as mp:  # the environment as a user's shell would set it; restored after
         mp.setenv("MLFLOW_TRACKING_URI", uri)
         model = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
-        local = model.predict(pd.DataFrame({"image": [bus.read_bytes()]}), params={"conf": 0.001})
+        local = model.predict(pd.DataFrame({"image": [bus]}), params={"conf": 0.001})
+        mp.setenv("RETRAIN_SERVE_BACKEND", "torch")
+        eager = mlflow.pyfunc.load_model(f"models:/{NAME}@champion")
+        pair = eager.predict(pd.DataFrame({"image": [bus, bus]}), params={"conf": 0.001})  # one batch of two
     assert "MLFLOW_REGISTRY_URI" not in os.environ and os.environ.get("MLFLOW_TRACKING_URI") != uri
+    assert model.unwrap_python_model().backend == "onnx" and eager.unwrap_python_model().backend == "torch"
     assert len(local) > 0 and set(local["class_name"]) <= names and (local["image"] == 0).all()
     assert (local["x_max"] >= local["x_min"]).all() and local["x_max"].max() <= 810  # bus.jpg: 810 wide
+    first, second = (pair[pair["image"] == i].drop(columns="image").reset_index(drop=True) for i in (0, 1))
+    pd.testing.assert_frame_equal(first, second)  # each row of a batch answered as if alone
+    # On onnxruntime, nothing of Lightning or the training code is imported to load the model and answer
+    probe = ("import sys, mlflow, pandas as pd\n"
+             "m = mlflow.pyfunc.load_model(sys.argv[1])\n"
+             "m.predict(pd.DataFrame({'image': [open(sys.argv[2], 'rb').read()]}))\n"
+             "print(m.unwrap_python_model().backend, sorted(k for k in sys.modules if 'lightning' in k\n"
+             "      or k.startswith(('retrain.training', 'retrain.data.loading'))))")
+    imports = subprocess.run([sys.executable, "-c", probe, f"models:/{NAME}@champion",
+                              str(Path(ultralytics.__file__).parent / "assets" / "bus.jpg")], capture_output=True,
+                             text=True, env={**os.environ, "MLFLOW_TRACKING_URI": uri, "YOLO_OFFLINE": "true"})
+    assert imports.returncode == 0 and imports.stdout.splitlines()[-1] == "onnx []", imports.stdout + imports.stderr
+    top = local.nlargest(5, "score")
+    assert top["score"].to_numpy() == pytest.approx(first.nlargest(5, "score")["score"].to_numpy(), abs=1e-3)
     port = _port()
     server = _server(["models", "serve", "-m", f"models:/{NAME}@champion", "--env-manager", "local",
                       "-h", "127.0.0.1", "-p", str(port)], tmp_path / "serve.log", {"MLFLOW_TRACKING_URI": uri})
     try:
         _wait(f"http://127.0.0.1:{port}/ping", server, seconds=180)
-        body = {"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(bus.read_bytes()).decode()]]},
-                "params": {"conf": 0.001}}
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            served = json.loads(resp.read())["predictions"]
+        status, good = _invoke(port, [bus])
+        assert status == 200 and len(good["predictions"]) == len(local) > 0
+        assert {d["class_name"] for d in good["predictions"]} <= names
+        assert good["predictions"][0]["score"] == pytest.approx(local["score"].iloc[0], abs=1e-5)
+        bad = {"not an image": ([bus, b"hello, I am text"], ("image",), "image 1: not a decodable image"),
+               "truncated JPEG": ([bus, bus[: len(bus) // 2]], ("image",), "image 1: not a decodable image"),
+               "30000x30000 PNG": ([bus, _huge_png()], ("image",), "image 1: not a decodable image "
+                                                                  "(DecompressionBombError"),
+               "empty frame": ([bus, b""], ("image",), "image 1: not a decodable image (ValueError: no bytes)"),
+               "no rows": ([], ("image",), "no images: the request has no rows"),
+               "wrong column": ([bus], ("picture",), "image")}
+        for what, (rows, columns, says) in bad.items():
+            status, answer = _invoke(port, rows, columns)
+            assert status == 400 and answer["error_code"] == "INVALID_PARAMETER_VALUE", (what, status, answer)
+            assert says in answer["message"] and "Traceback" not in answer["message"], (what, answer["message"])
+        assert _invoke(port, [bus]) == (200, good)  # still serving, the same answer
+        assert server.poll() is None
     finally:
         _stop(server)
-    assert len(served) == len(local) > 0
-    assert {d["class_name"] for d in served} <= names
-    assert served[0]["score"] == pytest.approx(local["score"].iloc[0], abs=1e-5)
+
+
+def test_a_version_the_registry_cannot_serve_back_never_becomes_champion(trained: Path, tmp_path: Path):
+    """The store loses the ONNX file between registering and the alias move (as MLflow's artifact-location bugs with
+    some stores do): the serving check, which downloads models:/name/N into a clean folder, stops the promotion."""
+    paths = _fresh(trained, tmp_path / "ws")
+    score = load_json(paths.eval_report)["candidate"]["metrics"]["mAP50-95"]
+    set_params(paths.root, "promote", min_map=round(score - 0.01, 4))  # the gate passes
+    flag = tmp_path / "at-the-point"
+    env = {**os.environ, "YOLO_OFFLINE": "true", "RETRAIN_FAULT": "promote.after-register:stall",
+           "RETRAIN_FAULT_FLAG": str(flag), "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    proc = subprocess.Popen([sys.executable, "-m", "retrain", "promote"], cwd=paths.root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while not flag.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    [onnx] = list((paths.root / "mlartifacts").rglob("model.onnx"))  # registered with its ONNX model ...
+    onnx.unlink()  # ... which the store then loses
+    flag.unlink()
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    report = load_json(paths.promotion_report)
+    assert report["promoted"] is False and report["version"] == "1" and report["champion"] is None
+    [reason] = report["reasons"]
+    assert reason.startswith("serving check: ") and "has no model.onnx" in reason, reason
+    client = _client(_uri(paths))
+    assert _aliases(client) == {"challenger": "1"}  # registered, never champion
+    tags = client.get_model_version(NAME, "1").tags
+    assert tags["retrain.serving_check"].startswith("failed: ") and tags["retrain.decision"] == "reject"
 
 
 def test_registry_copy_moves_the_champion_to_another_store_and_back(trained: Path, tmp_path: Path):
     """A workspace moving to a team's tracking server takes its champion along (and back), from any folder."""
-    import hashlib
-
     paths = _fresh(trained, tmp_path / "ws")  # the same workspace, its registry empty: the "new server"
     source, target = f"sqlite:///{trained / 'mlflow.db'}", _uri(paths)
     elsewhere = tmp_path / "elsewhere"  # no mlflow.db here: MLflow's default registry must not be what is read
@@ -310,6 +405,10 @@ def test_registry_copy_moves_the_champion_to_another_store_and_back(trained: Pat
     assert copied["retrain.parent_version"] == "none"
     weights = (trained / "models" / "candidate" / "model.pt").read_bytes()
     assert copied["retrain.candidate_sha256"] == hashlib.sha256(weights).hexdigest()
+    # Its ONNX export came along, the very file (sha256), and is what the copy serves
+    assert copied["retrain.onnx"] == original["retrain.onnx"] == "attached"
+    onnx = [p for p in (paths.root / "mlartifacts").rglob("model.onnx")]
+    assert [hashlib.sha256(p.read_bytes()).hexdigest() for p in onnx] == [copied["retrain.onnx.sha256"]]
 
     # The next evaluation in the moved workspace is judged against the copied champion: the same weights.
     run_cli("evaluate", cwd=paths.root, check=True)

@@ -1,4 +1,4 @@
-"""A retrain model file as ONNX, run by onnxruntime, and the parity check between the two backends.
+"""A retrain model file as ONNX (and, from that, OpenVINO IR), and the exported model run by onnxruntime or OpenVINO.
 
 The network is built from the model file's own yaml in ultralytics' restricted mode (``ModelFile.build``: nothing is
 unpickled), its Conv+BatchNorm pairs fused as ultralytics' exporter does, its Detect head put in export mode (one
@@ -11,6 +11,7 @@ original pixels and the same scoring (``detector.predict``, pycocotools): ``eval
 from __future__ import annotations
 
 import hashlib
+import json
 import warnings
 from pathlib import Path
 
@@ -32,11 +33,13 @@ class ExportError(RetrainError):
 def export_onnx(mf: ModelFile, out: Path, opset: int = OPSET) -> Path:
     """Write ``mf`` as an ONNX model to ``out``: input ``images`` float32 [N, 3, imgsz, imgsz] (RGB, 0-1,
     letterboxed), output ``output0`` float32 [N, 4 + classes, anchors] (box centre x, y, width, height in input
-    pixels, then each class's score), before NMS.
+    pixels, then each class's score), before NMS.  The model's metadata (``custom_metadata_map``) holds ``names``
+    (JSON list, index order) and ``imgsz``, so that a server needs nothing else to run it.
 
     Returns:
         ``out``.
     """
+    import onnx
     from ultralytics.nn.modules.head import Detect
 
     model = mf.build().float().eval()
@@ -56,12 +59,21 @@ def export_onnx(mf: ModelFile, out: Path, opset: int = OPSET) -> Path:
         torch.onnx.export(model, (dummy,), str(out), opset_version=opset, input_names=[INPUT], output_names=[OUTPUT],
                           dynamic_axes={INPUT: {0: "batch"}, OUTPUT: {0: "batch"}}, do_constant_folding=True,
                           dynamo=False)
+    proto = onnx.load(str(out))
+    for key, value in (("names", json.dumps(list(mf.names))), ("imgsz", str(mf.imgsz))):
+        proto.metadata_props.add(key=key, value=value)
+    onnx.save(proto, str(out))
     return out
 
 
 class OnnxDetector:
     """An exported model in an onnxruntime CPU session: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the decoded
-    predictions (a torch tensor, as the PyTorch model gives them), for ``detector.predict``'s NMS."""
+    predictions (a torch tensor, as the PyTorch model gives them), for ``detector.predict``'s NMS.
+
+    Attributes:
+        names: Class names in index order, from the model's metadata (empty when it has none).
+        imgsz: The fixed input size.
+    """
 
     def __init__(self, path: Path, threads: int = 0) -> None:
         import onnxruntime as ort
@@ -69,12 +81,45 @@ class OnnxDetector:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0: onnxruntime's default (the physical cores)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        shape = self.session.get_inputs()[0].shape
-        self.imgsz = int(shape[-1]) if isinstance(shape[-1], int) else None
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.names: list[str] = json.loads(meta.get("names", "[]"))
+        self.imgsz = int(self.session.get_inputs()[0].shape[-1])  # fixed at export
 
     def __call__(self, img: torch.Tensor) -> torch.Tensor:
         x = np.ascontiguousarray(img.detach().cpu().numpy(), dtype=np.float32)
         return torch.from_numpy(self.session.run([OUTPUT], {INPUT: x})[0])
+
+
+def export_openvino(onnx_path: Path, out: Path) -> Path:
+    """Convert an ONNX export (``export_onnx``) to OpenVINO IR: ``out`` (``.xml``) and its ``.bin``, weights kept in
+    float32 (OpenVINO's default would halve them to float16), the same input, output and metadata.
+
+    Raises:
+        ExportError: The ``openvino`` package is not installed.
+    """
+    try:
+        import openvino as ov
+    except ImportError as e:
+        raise ExportError("export: --format openvino needs the openvino package "
+                          "(pip install 'retrain[openvino]')") from e
+    model = ov.convert_model(str(onnx_path))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(model, str(out), compress_to_fp16=False)
+    return out
+
+
+class OpenVinoDetector:
+    """An OpenVINO IR model compiled for the CPU in float32 (on CPUs with AMX or AVX512-BF16 OpenVINO would otherwise
+    infer in bf16, and answer differently), with ``OnnxDetector``'s call."""
+
+    def __init__(self, path: Path) -> None:
+        import openvino as ov
+
+        self.compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        x = np.ascontiguousarray(img.detach().cpu().numpy(), dtype=np.float32)
+        return torch.from_numpy(np.asarray(self.compiled(x)[0]))
 
 
 def sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ differs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,13 @@ SCORE_TOLERANCE = 1e-3
 
 @dataclass(frozen=True)
 class Parity:
-    """The ONNX model against the PyTorch one on the same images.
+    """An exported model (ONNX, or OpenVINO IR converted from it) against the PyTorch one on the same images.
 
     Attributes:
         split: The master's split compared.
         images: Its images.
         map_torch: mAP50-95 of the PyTorch model (pycocotools).
-        map_onnx: mAP50-95 of the ONNX model, same NMS and scoring.
+        map_onnx: mAP50-95 of the exported model, same NMS and scoring.
         box_diff: Largest difference of a raw predicted box coordinate (input pixels), before NMS.
         score_diff: Largest difference of a raw class score, before NMS.
         passed: Within ``MAP_TOLERANCE``, ``BOX_TOLERANCE`` and ``SCORE_TOLERANCE``.
@@ -54,12 +55,14 @@ class Parity:
     reason: str = ""
 
     def tags(self) -> dict[str, str]:
-        """As MLflow tags (``retrain.onnx.*``)."""
-        return {f"retrain.onnx.{k}": str(v) for k, v in asdict(self).items()}
+        """As MLflow tags (``retrain.onnx.parity.*``; ``reason`` only when it did not pass)."""
+        return {f"retrain.onnx.parity.{k}": str(v) for k, v in asdict(self).items() if k != "reason" or v}
 
 
-def parity(mf: ModelFile, onnx_path: Path, master: Master, split: str, params: Params, cache_dir: Path) -> Parity:
-    """Compare ``onnx_path`` with ``mf`` on the master's ``split``: every raw prediction, then mAP50-95 through the
+def parity(mf: ModelFile, exported: Path | Callable[[torch.Tensor], torch.Tensor], master: Master, split: str,
+           params: Params, cache_dir: Path) -> Parity:
+    """Compare an exported model (an ONNX file, run by onnxruntime, or any runner of a float batch such as
+    ``OpenVinoDetector``) with ``mf`` on the master's ``split``: every raw prediction, then mAP50-95 through the
     evaluation's NMS (``evaluate``'s conf, iou, max_det) and pycocotools.
 
     Raises:
@@ -67,7 +70,7 @@ def parity(mf: ModelFile, onnx_path: Path, master: Master, split: str, params: P
     """
     images = master.images(split)
     if not images:
-        raise ExportError(f"parity: the master has no {split} images to compare the ONNX model on")
+        raise ExportError(f"parity: the master has no {split} images to compare the exported model on")
     e = params.evaluate
     nms = Nms(e.conf, e.iou, e.max_det)
     tp = params.train.model_copy(update={"imgsz": mf.imgsz, "batch": e.batch})
@@ -75,7 +78,7 @@ def parity(mf: ModelFile, onnx_path: Path, master: Master, split: str, params: P
     ds = reader.dataset(split, augment=False, cache="none")
     loader, ids, cats = reader.loader(ds, train=False), reader.image_ids(ds, split), category_ids_for(mf.names, master)
     model = mf.build().eval()
-    onnx = OnnxDetector(onnx_path)
+    onnx = OnnxDetector(exported) if isinstance(exported, Path) else exported
     box = cls = 0.0
     dets: dict[str, list[dict[str, Any]]] = {"torch": [], "onnx": []}
     for batch in loader:  # one pass: each batch through both backends, compared, then through the same NMS
@@ -85,7 +88,8 @@ def parity(mf: ModelFile, onnx_path: Path, master: Master, split: str, params: P
         want = out[0] if isinstance(out, tuple | list) else out
         got = onnx(img)
         if got.shape != want.shape:
-            raise ExportError(f"parity: the ONNX model answers shape {tuple(got.shape)}, PyTorch {tuple(want.shape)}")
+            raise ExportError(f"parity: the exported model answers shape {tuple(got.shape)}, "
+                              f"PyTorch {tuple(want.shape)}")
         box = max(box, float((got[:, :4] - want[:, :4]).abs().max()))
         cls = max(cls, float((got[:, 4:] - want[:, 4:]).abs().max()))
         batch_ids = [ids[f] for f in batch["im_file"]]

@@ -1,10 +1,13 @@
 """``retrain promote``: the gate decides, and the registry records it.
 
-Promote reads the evaluation and the training reports, lets the gate (``gate.py``, pure) decide, logs the candidate
-as a pyfunc model in its training run, registers it as a new version of the registered model with its lineage as
-tags (data version, git revision, params hash, parent version, metrics, decision and reasons), and then, last,
-moves the aliases: ``challenger`` always, ``champion`` only when the gate says so.  A failure before that leaves
-``champion`` where it was.  The MLflow writes are ``registry.versions``'.
+Promote reads the evaluation and the training reports, lets the gate (``gate.py``, pure) decide, exports the
+candidate to ONNX and checks the export against PyTorch on the val images (``export.onnx_for_version``), logs the
+candidate as a pyfunc model in its training run (with the ONNX model when it matched), registers it as a new version
+of the registered model with its lineage as tags (data version, git revision, params hash, parent version, metrics,
+decision and reasons, ONNX sha256 and parity figures), checks that the version as the registry returns it loads and
+serves (``registry.serving_check``, when the gate passed), and then, last, moves the aliases: ``challenger`` always,
+``champion`` only when the gate and the serving check say so.  A failure before that leaves ``champion`` where it was.
+The MLflow writes are ``registry.versions``'.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import hashlib
 import json
 import logging
 import subprocess
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,10 @@ from retrain.errors import RetrainError
 from retrain.evaluation.report import EvalReport
 from retrain.faults import fault_point
 from retrain.paths import Paths
+from retrain.promotion.export import OnnxAttachment, onnx_for_version
 from retrain.promotion.gate import Decision, ModelMetrics, decide
 from retrain.promotion.report import PromotionReport
+from retrain.registry.serving_check import serving_check
 from retrain.registry.tracking import CHAMPION, WEIGHTS_NAME, client, current_champion, registry_call, tracking_uri
 from retrain.registry.versions import (
     CHALLENGER,
@@ -126,23 +132,36 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     tags = _lineage_tags(paths, params, evaluation, train, parent, decision)
     key = tags[f"{TAG}promotion_key"]
 
-    def register_once() -> str:  # repeated after a failure or a kill: never a second version of one promotion
-        found = registered_version(mc, name, key)
-        if found is not None:
-            log.info("%s version %s is this candidate already, with this evaluation and params (registered by a "
-                     "run that stopped before moving the aliases); moving them now", name, found)
-            for tag, value in tags.items():  # the lineage as of now (git revision ...)
-                mc.set_model_version_tag(name, found, tag, value)
-            return found
-        reports = [(paths.eval_report, "evaluation"), (paths.eval_markdown, "evaluation")]
-        if paths.eval_plots.is_dir():
-            reports.append((paths.eval_plots, "evaluation/plots"))
-        return log_version(uri, name, ModelSource(weights, train.classes, train.data_version), tags,
-                           _eval_metrics(evaluation), VersionRun(params.registry.experiment,
-                                                                 str(train.mlflow_run_id), paths.root), reports)
+    with tempfile.TemporaryDirectory(prefix="retrain-promote-") as tmp:
+        exported: list[OnnxAttachment] = []
 
-    version = registry_call(f"register {name}", register_once, wait)
+        def onnx() -> OnnxAttachment:  # once, also when the registry call is retried
+            if not exported:
+                exported.append(onnx_for_version(paths, params, weights, Path(tmp)))
+            return exported[0]
+
+        def register_once() -> str:  # repeated after a failure or a kill: never a second version of one promotion
+            found = registered_version(mc, name, key)
+            if found is not None:
+                log.info("%s version %s is this candidate already, with this evaluation and params (registered by a "
+                         "run that stopped before moving the aliases); moving them now", name, found)
+                for tag, value in tags.items():  # the lineage as of now (git revision ...)
+                    mc.set_model_version_tag(name, found, tag, value)
+                return found
+            reports = [(paths.eval_report, "evaluation"), (paths.eval_markdown, "evaluation")]
+            if paths.eval_plots.is_dir():
+                reports.append((paths.eval_plots, "evaluation/plots"))
+            attached = onnx()
+            return log_version(uri, name, ModelSource(weights, train.classes, train.data_version, attached.path),
+                               tags | attached.tags, _eval_metrics(evaluation),
+                               VersionRun(params.registry.experiment, str(train.mlflow_run_id), paths.root), reports)
+
+        version = registry_call(f"register {name}", register_once, wait)
     fault_point("promote.after-register")
+    tags |= exported[0].tags if exported else {}
+    if decision.promote:
+        decision, updates = _check_serving(mc, uri, name, version, master, decision, wait)
+        tags |= updates
     # Last: every failure above leaves champion untouched.
     registry_call(f"move the aliases of {name}", lambda: _move_aliases(mc, name, version, parent, decision), wait)
     report = PromotionReport(model=name, version=version, promoted=decision.promote, reasons=list(decision.reasons),
@@ -151,6 +170,36 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
     report.write(paths.promotion_report)
     log_history(uri, name, version, paths.reports / "history.png")
     return PromotionResult(version, decision, report)
+
+
+def _check_serving(mc: Any, uri: str, name: str, version: str, master: Any, decision: Decision,
+                   wait: float) -> tuple[Decision, dict[str, str]]:
+    """The gate passed: only a version that loads from the registry and serves may become champion.
+
+    Returns:
+        The decision (not to promote when the check failed) and the tags written to the version.
+    """
+    tags = registry_call(f"read {name} version {version}", lambda: dict(mc.get_model_version(name, version).tags),
+                         wait)
+    sha = {WEIGHTS_NAME: tags.get(f"{TAG}candidate_sha256", "")}
+    if tags.get(f"{TAG}onnx") == "attached":
+        sha["model.onnx"] = tags.get(f"{TAG}onnx.sha256", "")
+    images = (master.images("val") or master.doc["images"])[:8]
+    files = [master.data_root / im["file_name"] for im in images]
+    check = registry_call(f"check that {name} version {version} serves",
+                          lambda: serving_check(uri, name, version, files, sha), wait)
+    if not check.passed:
+        log.warning("%s version %s failed the serving check: %s", name, version, check.reason)
+        decision = replace(decision, promote=False, reasons=(f"serving check: {check.reason}",))
+    updates = {f"{TAG}serving_check": check.tag(), f"{TAG}decision": "promote" if decision.promote else "reject",
+               f"{TAG}reasons": "; ".join(decision.reasons) or "every rule of the gate holds"}
+
+    def write() -> None:
+        for tag, value in updates.items():
+            mc.set_model_version_tag(name, version, tag, value)
+
+    registry_call(f"tag {name} version {version}", write, wait)
+    return decision, updates
 
 
 def log_history(uri: str, name: str, version: str, out: Path) -> None:

@@ -3,7 +3,8 @@
 Moving a workspace from the embedded defaults (``sqlite:///mlflow.db``) to a team's tracking server, or back,
 changes ``MLFLOW_TRACKING_URI``; the registry behind the new URI does not have the champion yet, so the next run
 would train from scratch and promote whatever it gets.  This copies the champion's version over: its model file
-(checked as a retrain model file first: nothing in it is run), its lineage tags and the ``champion`` alias, so the
+(checked as a retrain model file first: nothing in it is run), its ONNX export (when its sha256 is the one the source
+version's tags name), its lineage tags and the ``champion`` alias, so the
 next run warm-starts from it and is judged against it.  Copying again is a no-op (the same weights are found by
 their sha256, tag ``retrain.candidate_sha256``, whether copied or promoted there).
 """
@@ -87,9 +88,13 @@ def copy_champion(source: str, target: str, name: str, experiment: str, root: Pa
             tags = {**{k: v for k, v in src_tags.items() if k.startswith(TAG)}, f"{TAG}candidate_sha256": sha,
                     COPIED_FROM: f"{redact(source)} {name} version {got.version}",
                     f"{TAG}parent_version": parent or "none"}
+            onnx = _onnx_of(Path(tmp), src_tags)
+            if onnx is None and src_tags.get(f"{TAG}onnx") == "attached":
+                tags |= {f"{TAG}onnx": "refused", f"{TAG}onnx.reason": "not copied: the source's model.onnx is missing "
+                         "or not the file its tags name"}
             where = VersionRun(experiment, "", root, run_name=f"copied from {redact(source)} version {got.version}")
             version = registry_call(f"register {name} in {redact(target)}", lambda: log_version(
-                target, name, ModelSource(got.weights, list(model.names), src_tags.get(f"{TAG}data_version")),
+                target, name, ModelSource(got.weights, list(model.names), src_tags.get(f"{TAG}data_version"), onnx),
                 tags, {}, where), wait)
             new = True
 
@@ -103,6 +108,15 @@ def copy_champion(source: str, target: str, name: str, experiment: str, root: Pa
     log.info("%s@%s of %s is version %s (version %s of %s)", name, CHAMPION, redact(target), version, got.version,
              redact(source))
     return Copied(got.version, version, new)
+
+
+def _onnx_of(download: Path, tags: dict[str, str]) -> Path | None:
+    """The downloaded version's ONNX export, when the source attached one and it is the file its sha256 tag names."""
+    want = tags.get(f"{TAG}onnx.sha256")
+    for path in sorted(download.rglob("model.onnx")):
+        if want and tags.get(f"{TAG}onnx") == "attached" and hashlib.sha256(path.read_bytes()).hexdigest() == want:
+            return path
+    return None
 
 
 def _has_model(mc: object, name: str) -> bool:

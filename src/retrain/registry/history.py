@@ -91,7 +91,7 @@ def status(uri: str, name: str) -> list[dict[str, Any]]:
                      "data_dvc_md5": t.get(f"{TAG}data_dvc_md5", ""), "git_rev": t.get(f"{TAG}git_rev", "")[:10],
                      "mAP50-95": t.get(f"{TAG}metric.mAP50-95", ""), "mAP50": t.get(f"{TAG}metric.mAP50", ""),
                      "decision": t.get(f"{TAG}decision", ""), "parent": t.get(f"{TAG}parent_version", ""),
-                     "rolled_back": t.get(f"{TAG}rolled_back", "") == "true",
+                     "rolled_back": t.get(f"{TAG}rolled_back", "") == "true", "onnx": t.get(f"{TAG}onnx", ""),
                      "per_class": _per_class(t.get(f"{TAG}metric.per_class", "")),
                      "created": mv.creation_timestamp})
     return rows
@@ -110,10 +110,11 @@ def status_lines(rows: list[dict[str, Any]], name: str) -> list[str]:
     """``rows`` as an aligned table for the terminal."""
     if not rows:
         return [f"{name}: no versions registered yet"]
-    head = ("version", "aliases", "data", "dvc md5", "git", "mAP50-95", "mAP50", "decision", "parent")
+    head = ("version", "aliases", "data", "dvc md5", "git", "mAP50-95", "mAP50", "decision", "parent", "onnx")
     table = [head] + [(r["version"], ",".join(r["aliases"]) or "-", r["data_version"], r["data_dvc_md5"][:12],
                        r["git_rev"], r["mAP50-95"][:6], r["mAP50"][:6],
-                       r["decision"] + (" (rolled back)" if r["rolled_back"] else ""), r["parent"]) for r in rows]
+                       r["decision"] + (" (rolled back)" if r["rolled_back"] else ""), r["parent"], r["onnx"] or "-")
+                      for r in rows]
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     champion = next((r["version"] for r in rows if CHAMPION in r["aliases"]), "none")
     challenger = next((r["version"] for r in rows if CHALLENGER in r["aliases"]), "none")

@@ -52,11 +52,13 @@ def redact(uri: str) -> str:
 
 @dataclass(frozen=True)
 class ModelSource:
-    """The model a version serves: its retrain model file, class names and data version (pyfunc metadata)."""
+    """The model a version serves: its retrain model file, class names and data version (pyfunc metadata), and its
+    ONNX export when it matched the PyTorch model (served by onnxruntime then)."""
 
     weights: Path
     classes: Any
     data_version: Any
+    onnx: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -90,14 +92,15 @@ def log_version(uri: str, name: str, model: ModelSource, tags: dict[str, str], m
         MlflowException: The store is busy or down (``registry_call`` retries it).
     """
     try:
-        with _fluent_uri(uri):
+        with fluent_uri(uri):
             run_id = _run_for(mlflow.MlflowClient(uri, uri), where, uri)
             with mlflow.start_run(run_id=run_id):
                 fault_point("promote.log-model", where.root / "mlartifacts")  # where a local store writes
+                artifacts = {"weights": str(model.weights)} | ({"onnx": str(model.onnx)} if model.onnx else {})
                 info = mlflow.pyfunc.log_model(
                     name="model", python_model=str(Path(__file__).with_name("serving.py")),
-                    artifacts={"weights": str(model.weights)}, signature=_signature(), input_example=example_input(),
-                    pip_requirements=_requirements(),
+                    artifacts=artifacts, signature=_signature(), input_example=example_input(),
+                    pip_requirements=_requirements(onnx=model.onnx is not None),
                     metadata={"retrain": {"classes": model.classes, "data_version": model.data_version}})
                 for path, folder in extra or []:
                     if path.is_dir():
@@ -116,7 +119,7 @@ def log_version(uri: str, name: str, model: ModelSource, tags: dict[str, str], m
 
 
 @contextmanager
-def _fluent_uri(uri: str) -> Iterator[None]:
+def fluent_uri(uri: str) -> Iterator[None]:
     """MLflow's fluent API (``log_model``, ``register_model``) on ``uri``, then exactly the state before.
 
     ``mlflow.set_tracking_uri``/``set_registry_uri`` also export ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``
@@ -167,10 +170,11 @@ def _signature() -> Any:
     return ModelSignature(inputs=Schema([ColSpec("binary", "image")]), outputs=out, params=params)
 
 
-def _requirements() -> list[str]:
+def _requirements(onnx: bool = False) -> list[str]:
     """Pinned to this environment (never inferred: that would load the model in a subprocess)."""
-    return [f"{pkg}=={version(pkg).split('+')[0]}" for pkg in
-            ("retrain", "mlflow", "torch", "torchvision", "ultralytics", "pandas", "pillow")]
+    pkgs = ("retrain", "mlflow", "torch", "torchvision", "ultralytics", "pandas", "pillow",
+            *(("onnxruntime",) if onnx else ()))
+    return [f"{pkg}=={version(pkg).split('+')[0]}" for pkg in pkgs]
 
 
 def record_champion_move(mc: Any, name: str, entry: dict[str, Any]) -> None:
