@@ -63,7 +63,7 @@ def hostile_model(kind: str, path: Path, canary: Path) -> Path:
     from ultralytics.nn.tasks import DetectionModel
 
     from retrain.detector.files import ModelFile, save_model_file
-    from retrain.training.module import build_model
+    from retrain.detector.model import build_model
 
     touch = f"touch {canary}"
     if kind == "system":
