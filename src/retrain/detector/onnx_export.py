@@ -66,9 +66,20 @@ def export_onnx(mf: ModelFile, out: Path, opset: int = OPSET) -> Path:
     return out
 
 
-class OnnxDetector:
-    """An exported model in an onnxruntime CPU session: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the decoded
-    predictions (a torch tensor, as the PyTorch model gives them), for ``detector.predict``'s NMS.
+class _ExportedDetector:
+    """An exported model called as the PyTorch one is: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the decoded
+    predictions (a torch tensor), for ``detector.predict``'s NMS.  A runtime gives ``_run`` (float32 NCHW array in,
+    the model's first output out)."""
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(self._run(np.ascontiguousarray(img.detach().cpu().numpy(), np.float32))))
+
+
+class OnnxDetector(_ExportedDetector):
+    """An exported model in an onnxruntime CPU session, called as the PyTorch model is (``_ExportedDetector``).
 
     Attributes:
         names: Class names in index order, from the model's metadata (empty when it has none).
@@ -85,9 +96,8 @@ class OnnxDetector:
         self.names: list[str] = json.loads(meta.get("names", "[]"))
         self.imgsz = int(self.session.get_inputs()[0].shape[-1])  # fixed at export
 
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        x = np.ascontiguousarray(img.detach().cpu().numpy(), dtype=np.float32)
-        return torch.from_numpy(self.session.run([OUTPUT], {INPUT: x})[0])
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        return self.session.run([OUTPUT], {INPUT: x})[0]
 
 
 def export_openvino(onnx_path: Path, out: Path) -> Path:
@@ -108,18 +118,17 @@ def export_openvino(onnx_path: Path, out: Path) -> Path:
     return out
 
 
-class OpenVinoDetector:
+class OpenVinoDetector(_ExportedDetector):
     """An OpenVINO IR model compiled for the CPU in float32 (on CPUs with AMX or AVX512-BF16 OpenVINO would otherwise
-    infer in bf16, and answer differently), with ``OnnxDetector``'s call."""
+    infer in bf16, and answer differently), called as the PyTorch model is (``_ExportedDetector``)."""
 
     def __init__(self, path: Path) -> None:
         import openvino as ov
 
         self.compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
 
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        x = np.ascontiguousarray(img.detach().cpu().numpy(), dtype=np.float32)
-        return torch.from_numpy(np.asarray(self.compiled(x)[0]))
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.compiled(x)[0])
 
 
 def sha256(path: Path) -> str:

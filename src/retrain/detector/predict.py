@@ -88,6 +88,28 @@ def category_ids_for(model_names: Sequence[str], master: Master) -> list[int]:
     return [by_name.get(n, -1) for n in model_names]
 
 
+@dataclass(frozen=True)
+class SplitBatches:
+    """A split of the master as a model of a given ``imgsz`` sees it: the loader of its letterboxed batches (no
+    augmentation, no decoded-image cache), each image file's COCO image id, and the master's category id of each of
+    the model's classes."""
+
+    loader: Any
+    image_ids: Mapping[str, int]
+    category_ids: list[int]
+
+
+def split_batches(mf: ModelFile, master: Master, split: str, batch: int, train: TrainParams, runtime: RuntimeParams,
+                  cache_dir: Path) -> SplitBatches:
+    """The batches ``predict_split`` (and ``evaluation.parity``) run ``mf``'s network on."""
+    from retrain.data.loading import SplitReader  # here: the served model imports this module, never Lightning
+
+    tp = train.model_copy(update={"imgsz": mf.imgsz, "batch": batch})
+    reader = SplitReader(master, tp, runtime.model_copy(update={"cache": "none"}), cache_dir)
+    ds = reader.dataset(split, augment=False, cache="none")
+    return SplitBatches(reader.loader(ds, train=False), reader.image_ids(ds, split), category_ids_for(mf.names, master))
+
+
 @torch.no_grad()
 def predict_split(mf: ModelFile, master: Master, split: str, nms: Nms, batch: int, train: TrainParams,
                   runtime: RuntimeParams, cache_dir: Path) -> list[dict[str, Any]]:
@@ -96,13 +118,9 @@ def predict_split(mf: ModelFile, master: Master, split: str, nms: Nms, batch: in
     The images are letterboxed to the model's own ``imgsz`` (no decoded-image cache); its classes are mapped to the
     master's by name; it runs where training would (``train.accelerator``).
     """
-    from retrain.data.loading import SplitReader  # here: the served model imports this module, never Lightning
-
-    tp = train.model_copy(update={"imgsz": mf.imgsz, "batch": batch})
-    reader = SplitReader(master, tp, runtime.model_copy(update={"cache": "none"}), cache_dir)
-    ds = reader.dataset(split, augment=False, cache="none")
+    data = split_batches(mf, master, split, batch, train, runtime, cache_dir)
     model = mf.build()
-    if on_cuda(tp):
+    if on_cuda(train):
         model = model.cuda()
-    return predict_loader(model, reader.loader(ds, train=False), reader.image_ids(ds, split),
-                          category_ids_for(mf.names, master), nms.conf, nms.iou, nms.max_det, nms.multi_label)
+    return predict_loader(model, data.loader, data.image_ids, data.category_ids, nms.conf, nms.iou, nms.max_det,
+                          nms.multi_label)

@@ -16,11 +16,10 @@ from typing import Any
 import torch
 
 from retrain.config import Params
-from retrain.data.loading import SplitReader
 from retrain.data.master import Master
 from retrain.detector.files import ModelFile
 from retrain.detector.onnx_export import ExportError, OnnxDetector
-from retrain.detector.predict import Nms, category_ids_for, postprocess
+from retrain.detector.predict import Nms, postprocess, split_batches
 from retrain.metrics.coco import ground_truth, score
 
 #: Tolerances: mAP50-95 on the same images (issue 23), and per raw prediction before NMS (boxes in input pixels, class
@@ -73,15 +72,13 @@ def parity(mf: ModelFile, exported: Path | Callable[[torch.Tensor], torch.Tensor
         raise ExportError(f"parity: the master has no {split} images to compare the exported model on")
     e = params.evaluate
     nms = Nms(e.conf, e.iou, e.max_det)
-    tp = params.train.model_copy(update={"imgsz": mf.imgsz, "batch": e.batch})
-    reader = SplitReader(master, tp, params.runtime.model_copy(update={"cache": "none"}), cache_dir)
-    ds = reader.dataset(split, augment=False, cache="none")
-    loader, ids, cats = reader.loader(ds, train=False), reader.image_ids(ds, split), category_ids_for(mf.names, master)
+    data = split_batches(mf, master, split, e.batch, params.train, params.runtime, cache_dir)
+    ids, cats = data.image_ids, data.category_ids
     model = mf.build().eval()
     onnx = OnnxDetector(exported) if isinstance(exported, Path) else exported
     box = cls = 0.0
     dets: dict[str, list[dict[str, Any]]] = {"torch": [], "onnx": []}
-    for batch in loader:  # one pass: each batch through both backends, compared, then through the same NMS
+    for batch in data.loader:  # one pass: each batch through both backends, compared, then through the same NMS
         img = batch["img"].float() / 255
         with torch.no_grad():
             out = model(img)

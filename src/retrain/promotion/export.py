@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from retrain.config import Params
-from retrain.data.master import load_master
+from retrain.data.master import Master, load_master
 from retrain.detector.files import ModelFile, load_model_file
 from retrain.detector.onnx_export import (
     INPUT,
@@ -56,21 +56,20 @@ class OnnxAttachment:
     tags: dict[str, str]
 
 
-def onnx_for_version(paths: Paths, params: Params, weights: Path, workdir: Path) -> OnnxAttachment:
-    """Export the candidate's model file to ONNX in ``workdir`` and check it against PyTorch on the master's val images.
+def onnx_for_version(params: Params, weights: Path, master: Master, cache_dir: Path, workdir: Path) -> OnnxAttachment:
+    """Export the candidate's model file to ONNX in ``workdir`` and check it against PyTorch on ``master``'s val images.
 
     Attached only when the check passes; otherwise the tags say why.  Never raises for a failed export: the version is
     registered anyway (served by PyTorch), and says why it has no ONNX model.
     """
     tags = {f"{ONNX_TAG}.opset": str(OPSET)}
+    if not master.images("val"):
+        return OnnxAttachment(None, {**tags, ONNX_TAG: "refused",
+                                     f"{ONNX_TAG}.reason": "no val images to check it against PyTorch on"})
     try:
         mf = load_model_file(weights)
         onnx = export_onnx(mf, workdir / "model.onnx")
-        master = load_master(paths.master, paths.data)
-        if not master.images("val"):
-            return OnnxAttachment(None, {**tags, ONNX_TAG: "refused",
-                                         f"{ONNX_TAG}.reason": "no val images to check it against PyTorch on"})
-        check = parity(mf, onnx, master, "val", params, paths.cache)
+        check = parity(mf, onnx, master, "val", params, cache_dir)
     except Exception as e:  # an export is an addition: whatever fails here, the version registers and says why
         log.warning("promote: the ONNX export was not attached (%s: %s)", type(e).__name__, e)
         return OnnxAttachment(None, {**tags, ONNX_TAG: "refused",

@@ -137,7 +137,7 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
 
         def onnx() -> OnnxAttachment:  # once, also when the registry call is retried
             if not exported:
-                exported.append(onnx_for_version(paths, params, weights, Path(tmp)))
+                exported.append(onnx_for_version(params, weights, master, paths.cache, Path(tmp)))
             return exported[0]
 
         def register_once() -> str:  # repeated after a failure or a kill: never a second version of one promotion

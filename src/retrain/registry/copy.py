@@ -113,8 +113,10 @@ def copy_champion(source: str, target: str, name: str, experiment: str, root: Pa
 def _onnx_of(download: Path, tags: dict[str, str]) -> Path | None:
     """The downloaded version's ONNX export, when the source attached one and it is the file its sha256 tag names."""
     want = tags.get(f"{TAG}onnx.sha256")
+    if not want or tags.get(f"{TAG}onnx") != "attached":
+        return None
     for path in sorted(download.rglob("model.onnx")):
-        if want and tags.get(f"{TAG}onnx") == "attached" and hashlib.sha256(path.read_bytes()).hexdigest() == want:
+        if hashlib.sha256(path.read_bytes()).hexdigest() == want:
             return path
     return None
 
