@@ -12,10 +12,17 @@ for the master's val images:
 (c) the peer: ultralytics' own ``predict`` of the same network (built from the same model file, nothing unpickled) on
     the same images, batch 1 and 16.
 
+Each of (a) per backend, (c) and the building of the workspace runs in its own fresh process (as each server of (b)
+does), so that no row inherits another's threads, caches or heap: a first version measured both backends in the
+process that had just trained the champion, and every row was slower there (onnxruntime at batch 1 by a third).  The
+in-process groups run ``--repeats`` times, interleaved (torch, onnx, peer, torch, ...), and each row keeps its best
+run (a shared machine's slow spells only ever slow a run down), every run's figure shown beside it.
+
 Targets (issue 23): onnxruntime >= 1.5x torch eager at batch 1; the server holds 4 clients for 60 s with no error and
 memory growing by at most 10%.  Run it alone: every row shares the machine's cores.  Writes a section into
 bench/RESULTS.md.  Usage:
     python bench/serve_speed.py [--workspace DIR] [--seconds 20] [--http-seconds 60] [--clients 4] [--epochs 3]
+                                [--repeats 2]
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+#: OMP_NUM_THREADS as this process started: importing ultralytics (below, through retrain) sets it to 1 where it is
+#: unset, and a child started with that environment runs torch on one thread (a first version of this bench measured
+#: torch at half speed so).  Children and servers get the caller's value back (``_env``).
+_OMP_AT_START = os.environ.get("OMP_NUM_THREADS")
 os.environ.setdefault("YOLO_OFFLINE", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 sys.path.insert(0, str(HERE))
@@ -85,24 +96,46 @@ def _timed(call: Any, batches: list[Any], seconds: float, per_call: int) -> dict
             "p95": 1000 * _pct(lat, 0.95), "calls": len(lat)}
 
 
-def in_process(name: str, uri: str, images: list[bytes], seconds: float) -> dict[str, dict[str, float]]:
-    """The registry's champion as a pyfunc, per backend and batch size."""
+def in_process(name: str, uri: str, images: list[bytes], seconds: float, backend: str) -> dict[str, dict[str, float]]:
+    """The registry's champion as a pyfunc with ``backend``, per batch size (run in a process of its own)."""
     import mlflow
     import pandas as pd
 
     out: dict[str, dict[str, float]] = {}
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    for backend in ("torch", "onnx"):
-        os.environ["RETRAIN_SERVE_BACKEND"] = backend
-        model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-        assert model.unwrap_python_model().backend == backend
-        for bs in (1, 16):
-            frames = [pd.DataFrame({"image": [images[(i + j) % len(images)] for j in range(bs)]})
-                      for i in range(0, len(images), bs)]
-            out[f"{backend} batch {bs}"] = _timed(lambda f, m=model: m.predict(f), frames, seconds, bs)
-            print(backend, bs, out[f"{backend} batch {bs}"], flush=True)
-    os.environ.pop("RETRAIN_SERVE_BACKEND")
+    os.environ["RETRAIN_SERVE_BACKEND"] = backend
+    model = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    assert model.unwrap_python_model().backend == backend
+    import torch
+
+    print(f"{backend}: torch threads {torch.get_num_threads()}", flush=True)
+    for bs in (1, 16):
+        frames = [pd.DataFrame({"image": [images[(i + j) % len(images)] for j in range(bs)]})
+                  for i in range(0, len(images), bs)]
+        out[f"{backend} batch {bs}"] = _timed(lambda f, m=model: m.predict(f), frames, seconds, bs)
+        print(backend, bs, out[f"{backend} batch {bs}"], flush=True)
     return out
+
+
+ROWS_MARK = "SERVE_SPEED_ROWS "
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child, with OMP_NUM_THREADS as the caller had it (not ultralytics' 1)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if _OMP_AT_START is not None:
+        env["OMP_NUM_THREADS"] = _OMP_AT_START
+    return {**env, **extra}
+
+
+def _child(args: list[str]) -> dict[str, dict[str, float]]:
+    """This script with ``args`` in a fresh process; the rows it printed last."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], stdout=subprocess.PIPE, text=True,
+                          check=False, env=_env())
+    print(proc.stdout, end="", flush=True)
+    assert proc.returncode == 0, f"{args}: exit {proc.returncode}"
+    marked = [line for line in proc.stdout.splitlines() if line.startswith(ROWS_MARK)]
+    return json.loads(marked[-1][len(ROWS_MARK):]) if marked else {}
 
 
 def peer(mf: ModelFile, images: list[bytes], seconds: float) -> dict[str, dict[str, float]]:
@@ -150,8 +183,8 @@ def http(name: str, uri: str, images: list[bytes], backend: str, seconds: float,
          log: Path) -> dict[str, float]:
     """``mlflow models serve`` of the champion with ``backend``; ``clients`` threads posting one image per request."""
     port = _port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "RETRAIN_SERVE_BACKEND": backend,
-           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    env = _env(MLFLOW_TRACKING_URI=uri, RETRAIN_SERVE_BACKEND=backend,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     bodies = [json.dumps({"dataframe_split": {"columns": ["image"], "data": [[base64.b64encode(b).decode()]]}}).encode()
               for b in images]
     with log.open("wb") as f:
@@ -222,6 +255,19 @@ def http(name: str, uri: str, images: list[bytes], backend: str, seconds: float,
     return row
 
 
+def best_of(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per row, the repeat with the most images/s (the least disturbed by the rest of a shared machine, as timeit's
+    minimum), with every repeat's images/s kept as ``all``."""
+    rows: dict[str, dict[str, float]] = {}
+    seen: dict[str, list[float]] = {}
+    for run in runs:
+        for key, row in run.items():
+            seen.setdefault(key, []).append(row["images_s"])
+            if key not in rows or row["images_s"] > rows[key]["images_s"]:
+                rows[key] = row
+    return {key: {**row, "all": seen[key]} for key, row in rows.items()}  # type: ignore[dict-item]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workspace", type=Path, help="a workspace with a champion (default: build a small one)")
@@ -230,24 +276,44 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=3, help="of the champion built when no --workspace is given")
     ap.add_argument("--images", type=int, default=32, help="val images asked (at most)")
+    ap.add_argument("--repeats", type=int, default=2, help="fresh processes per in-process row group, best kept")
+    ap.add_argument("--build", type=Path, help=argparse.SUPPRESS)  # child: build the workspace under this folder
+    ap.add_argument("--only", choices=("torch", "onnx", "peer"), help=argparse.SUPPRESS)  # child: these rows
     args = ap.parse_args()
+    if args.build:
+        _workspace(args.build, args.epochs)
+        return
     with tempfile.TemporaryDirectory(prefix="serve-speed-") as tmp:
-        paths = Paths.at(args.workspace.resolve()) if args.workspace else _workspace(Path(tmp), args.epochs)
+        if args.workspace:
+            paths = Paths.at(args.workspace.resolve())
+        else:
+            _child(["--build", tmp, "--epochs", str(args.epochs)])
+            paths = Paths.at(Path(tmp) / "ws")
         params = load_params(paths.params)
         name, uri = params.registry.model_name, tracking_uri(paths.root)
         master = load_master(paths.master, paths.data)
         images = [(master.data_root / im["file_name"]).read_bytes()
                   for im in (master.images("val") or master.doc["images"])[: args.images]]
+        if args.only in ("torch", "onnx"):
+            print(ROWS_MARK + json.dumps(in_process(name, uri, images, args.seconds, args.only)), flush=True)
+            return
+        got = champion(uri, name, Path(tmp) / "champion")
+        assert got is not None
+        mf = load_model_file(got.weights)
+        if args.only == "peer":
+            print(ROWS_MARK + json.dumps(peer(mf, images, args.seconds)), flush=True)
+            return
         import mlflow
 
         version = mlflow.MlflowClient(uri, uri).get_model_version_by_alias(name, "champion")
         has_onnx = version.tags.get("retrain.onnx") == "attached"
         assert has_onnx, f"{name}@champion (version {version.version}) has no ONNX model: {version.tags}"
-        rows = in_process(name, uri, images, args.seconds)
-        got = champion(uri, name, Path(tmp) / "champion")
-        assert got is not None
-        mf = load_model_file(got.weights)
-        rows |= peer(mf, images, args.seconds)
+        common = ["--workspace", str(paths.root), "--seconds", str(args.seconds), "--images", str(args.images)]
+        runs: list[dict[str, dict[str, float]]] = []
+        for _ in range(args.repeats):  # interleaved, so that a slow spell of a shared machine hits every row alike
+            for only in ("torch", "onnx", "peer"):
+                runs.append(_child([*common, "--only", only]))
+        rows = best_of(runs)
         served = {b: http(name, uri, images, b, args.http_seconds, args.clients, Path(tmp) / f"serve-{b}.log")
                   for b in ("torch", "onnx")}
     write(rows, served, args, len(images), version.version, mf.imgsz)
@@ -257,15 +323,20 @@ def write(rows: dict[str, dict[str, float]], served: dict[str, dict[str, float]]
           imgsz: int) -> None:
     speedup1 = rows["onnx batch 1"]["images_s"] / rows["torch batch 1"]["images_s"]
     speedup16 = rows["onnx batch 16"]["images_s"] / rows["torch batch 16"]["images_s"]
+    worst1 = min(rows["onnx batch 1"].get("all", [0.0])) / max(rows["torch batch 1"].get("all", [1.0]))  # type: ignore
     lines = ["## serve_speed: the champion served by onnxruntime against PyTorch eager (bench/serve_speed.py)", "",
              f"Machine: {machine()}. Run alone. Champion: version {version}, {imgsz} px, asked for {n} val images "
-             f"round-robin. Threads: torch's and onnxruntime's defaults (every core).", "",
-             "| in-process | images/s | p50 ms | p95 ms | calls | vs torch eager, same batch |",
-             "|---|---|---|---|---|---|"]
+             f"round-robin. Threads: torch's and onnxruntime's defaults (every core; "
+             "OMP_NUM_THREADS as the bench was started with). Each in-process row group and each server in a fresh "
+             "process.", "",
+             f"| in-process (best of {args.repeats} fresh processes) | images/s | every run's images/s | p50 ms "
+             "| p95 ms | calls | vs torch eager, same batch |",
+             "|---|---|---|---|---|---|---|"]
     for key, r in rows.items():
         bs = key.rsplit(" ", 1)[-1]
         base = rows[f"torch batch {bs}"]["images_s"]
-        lines.append(f"| {key} | {r['images_s']:.1f} | {r['p50']:.1f} | {r['p95']:.1f} | {int(r['calls'])} | "
+        every = ", ".join(f"{x:.1f}" for x in r.get("all", [r["images_s"]]))  # type: ignore[union-attr]
+        lines.append(f"| {key} | {r['images_s']:.1f} | {every} | {r['p50']:.1f} | {r['p95']:.1f} | {int(r['calls'])} | "
                      f"{r['images_s'] / base:.2f}x |")
     lines += ["", f"| `mlflow models serve`, {args.clients} clients, {args.http_seconds:.0f} s | requests/s | p50 ms | "
               "p95 ms | requests | errors | server RSS after warm-up -> end (max), MiB | growth |",
@@ -277,7 +348,8 @@ def write(rows: dict[str, dict[str, float]], served: dict[str, dict[str, float]]
     http_ok = all(r["errors"] == 0 and r["growth"] <= 0.10 and r["alive"] for r in served.values())
     http_x = served["onnx"]["images_s"] / served["torch"]["images_s"]
     lines += ["", f"onnxruntime is **{speedup1:.2f}x** torch eager at batch 1 (target >= 1.5x) and {speedup16:.2f}x at "
-              f"batch 16; over HTTP {http_x:.2f}x. The server held {args.clients} clients for "
+              f"batch 16 (at batch 1, its slowest run against torch's fastest: {worst1:.2f}x); over HTTP {http_x:.2f}x."
+              f" The server held {args.clients} clients for "
               f"{args.http_seconds:.0f} s with no error and memory within 10%: **{'yes' if http_ok else 'no'}**.", ""]
     text = "\n".join(lines)
     print(text)
