@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from retrain.config import Params
 from retrain.data.master import Master, load_master
 from retrain.detector.files import ModelFile, load_model_file
@@ -33,6 +35,7 @@ from retrain.detector.onnx_export import (
     export_openvino,
     sha256,
 )
+from retrain.device import cpu_threads
 from retrain.evaluation.parity import Parity, parity
 from retrain.paths import Paths
 from retrain.registry.tracking import CHAMPION, client, current_champion, fetch_version, tracking_uri
@@ -127,6 +130,7 @@ def export_version(paths: Paths, params: Params, out: Path, version: str | None 
         raise ExportError(f"export: {out} exists and is not an empty folder; give a new one")
     name = params.registry.model_name
     number = _version(paths, params, version, alias)
+    torch.set_num_threads(cpu_threads(params.runtime))  # the export and its check, as the stages do
     staging = out.parent / f".{out.name}.{uuid.uuid4().hex}.tmp"
     try:
         with tempfile.TemporaryDirectory(prefix="retrain-export-") as tmp:

@@ -21,8 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from retrain.config import Params
 from retrain.data.master import load_master
+from retrain.device import cpu_threads
 from retrain.errors import RetrainError
 from retrain.evaluation.report import EvalReport
 from retrain.faults import fault_point
@@ -108,6 +111,9 @@ def promote(paths: Paths, params: Params) -> PromotionResult:
             registry cannot be written (``champion`` has not moved then).
     """
     require_workspace(paths)
+    # Threads for the ONNX export's check and the serving check, as evaluate sets them: a process started by one that
+    # had imported ultralytics inherits its OMP_NUM_THREADS=1.
+    torch.set_num_threads(cpu_threads(params.runtime))
     evaluation = EvalReport.read(paths.eval_report)
     train = TrainReport.read(paths.train_report)
     weights = paths.candidate / WEIGHTS_NAME
