@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -66,20 +67,15 @@ def export_onnx(mf: ModelFile, out: Path, opset: int = OPSET) -> Path:
     return out
 
 
-class _ExportedDetector:
-    """An exported model called as the PyTorch one is: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the decoded
-    predictions (a torch tensor), for ``detector.predict``'s NMS.  A runtime gives ``_run`` (float32 NCHW array in,
-    the model's first output out)."""
-
-    def _run(self, x: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
-
-    def __call__(self, img: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(self._run(np.ascontiguousarray(img.detach().cpu().numpy(), np.float32))))
+def _through_numpy(run: Callable[[np.ndarray], np.ndarray], img: torch.Tensor) -> torch.Tensor:
+    """An exported model's runtime called as the PyTorch model is: a float batch [N, 3, imgsz, imgsz] in 0-1 -> the
+    decoded predictions as a torch tensor, for ``detector.predict``'s NMS (``run``: float32 NCHW array in, the
+    model's first output out)."""
+    return torch.from_numpy(np.asarray(run(np.ascontiguousarray(img.detach().cpu().numpy(), np.float32))))
 
 
-class OnnxDetector(_ExportedDetector):
-    """An exported model in an onnxruntime CPU session, called as the PyTorch model is (``_ExportedDetector``).
+class OnnxDetector:
+    """An exported model in an onnxruntime CPU session, called as the PyTorch model is (``_through_numpy``).
 
     Attributes:
         names: Class names in index order, from the model's metadata (empty when it has none).
@@ -96,8 +92,8 @@ class OnnxDetector(_ExportedDetector):
         self.names: list[str] = json.loads(meta.get("names", "[]"))
         self.imgsz = int(self.session.get_inputs()[0].shape[-1])  # fixed at export
 
-    def _run(self, x: np.ndarray) -> np.ndarray:
-        return self.session.run([OUTPUT], {INPUT: x})[0]
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return _through_numpy(lambda x: self.session.run([OUTPUT], {INPUT: x})[0], img)
 
 
 def export_openvino(onnx_path: Path, out: Path) -> Path:
@@ -118,17 +114,17 @@ def export_openvino(onnx_path: Path, out: Path) -> Path:
     return out
 
 
-class OpenVinoDetector(_ExportedDetector):
+class OpenVinoDetector:
     """An OpenVINO IR model compiled for the CPU in float32 (on CPUs with AMX or AVX512-BF16 OpenVINO would otherwise
-    infer in bf16, and answer differently), called as the PyTorch model is (``_ExportedDetector``)."""
+    infer in bf16, and answer differently), called as the PyTorch model is (``_through_numpy``)."""
 
     def __init__(self, path: Path) -> None:
         import openvino as ov
 
         self.compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
 
-    def _run(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self.compiled(x)[0])
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return _through_numpy(lambda x: self.compiled(x)[0], img)
 
 
 def sha256(path: Path) -> str:
