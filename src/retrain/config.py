@@ -174,7 +174,8 @@ class TrainParams(_Section):
     devices: int | str = "auto"
     strategy: str = "auto"
     num_nodes: int = Field(default=1, ge=1)
-    precision: str = Field(default="auto", description="auto = bf16-mixed on a CUDA GPU with bf16, else 32-true.")
+    precision: str = Field(default="auto", description="auto = bf16-mixed on a CUDA GPU with bf16 and on a CPU that "
+                           "computes bf16 natively (AMX or AVX512-BF16), else 32-true.")
     channels_last: Literal["auto", "on", "off"] = Field(
         default="auto", description="auto = on CUDA; on a CPU the faster format for this model, timed once.")
     augment: AugmentParams = AugmentParams()
@@ -258,6 +259,10 @@ class RuntimeParams(_Section):
     hugepages: Literal["auto", "off"] = Field(
         default="auto", description="auto = malloc'd memory in transparent huge pages where the kernel's mode is "
         "madvise and the C library is glibc >= 2.35 (retrain train re-executes itself with GLIBC_TUNABLES).")
+    compile: Literal["auto", "on", "off"] = Field(
+        default="auto", description="torch.compile the training step's forward; auto = when this machine's measured "
+        "saving per step times the run's steps exceeds the compile time (measured once per CPU and shape, compiled "
+        "artefacts cached in .cache/inductor/); a failed compile trains eagerly with one warning.")
     registry_wait: float = Field(default=120.0, ge=0, description="Seconds one registry call is retried, with "
                                  "backoff, while the store is busy (sqlite locked) or unreachable, before the stage "
                                  "fails with exit 75 (which the flow retries `retrain.retries` times).")

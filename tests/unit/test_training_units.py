@@ -257,3 +257,105 @@ def test_the_optimizer_trains_with_gradient_clipping_in_every_precision(optimize
     assert trainer.global_step == 2
     fused = trainer.optimizers[0].defaults.get("fused")
     assert bool(fused) == (precision == "32-true"), trainer.optimizers[0].defaults
+
+
+def test_precision_auto_picks_bf16_on_a_cpu_only_where_it_computes_bf16_natively():
+    from retrain.training.trainer import cpu_flags, resolve_precision
+
+    cpu = TrainParams(accelerator="cpu")
+    assert resolve_precision(cpu, {"avx2": True, "avx512_f": True, "amx_tile": True, "amx_bf16": True}) == "bf16-mixed"
+    assert resolve_precision(cpu, {"avx2": True, "avx512_f": True, "avx512_bf16": True}) == "bf16-mixed"
+    # AVX-512 without BF16, or AVX2 only: oneDNN converts every bf16 operation to float32, slower than float32.
+    assert resolve_precision(cpu, {"avx2": True, "avx512_f": True, "avx512_bf16": False}) == "32-true"
+    assert resolve_precision(cpu, {"avx2": True}) == "32-true"
+    assert resolve_precision(cpu.model_copy(update={"accelerator": "auto"}), {"amx_bf16": True}) == "bf16-mixed"
+    # An explicit value wins, either way.
+    assert resolve_precision(cpu.model_copy(update={"precision": "32-true"}), {"amx_bf16": True}) == "32-true"
+    assert resolve_precision(cpu.model_copy(update={"precision": "bf16-mixed"}), {"avx2": True}) == "bf16-mixed"
+    flags = cpu_flags()  # this machine's, as torch reads them
+    assert flags and all(isinstance(v, bool) for v in flags.values()) and "avx2" in flags
+
+
+def test_compile_auto_compiles_only_where_the_measured_saving_pays_for_the_compile():
+    from retrain.training.compiled import FIRST_COMPILE_S, decide
+
+    assert not decide("off", 10_000, None, False, 1.0).compile
+    on = decide("on", 1, None, False, None)
+    assert on.compile and on.measure
+    # Not measured on this machine: measure only when a run is long enough that the best saving could pay.
+    short = decide("auto", 100, None, False, eager_s=1.0)
+    assert not short.compile and not short.measure and "not measured" in short.reason
+    long = decide("auto", int(FIRST_COMPILE_S * 10), None, False, eager_s=1.0)
+    assert long.compile and long.measure
+    # Measured: steps x saving against the compile (from the cache when its artefacts are there).
+    m = {"eager_s": 1.0, "compiled_s": 0.8, "compile_s": 180.0, "compile_s_cached": 8.0}
+    assert not decide("auto", 500, m, cached=False).compile  # 500 x 0.2 = 100 s < 180 s
+    assert decide("auto", 1000, m, cached=False).compile  # 200 s > 180 s
+    assert decide("auto", 50, m, cached=True).compile and not decide("auto", 30, m, cached=True).compile
+    slower = {"eager_s": 1.0, "compiled_s": 1.1, "compile_s": 180.0}
+    assert not decide("auto", 10**6, slower, cached=True).compile and "eager" in decide("auto", 1, slower, True).reason
+    failed = decide("auto", 10**6, {"failed": "InvalidCxxCompiler: ..."}, True)
+    assert not failed.compile and "failed" in failed.reason
+    # DDP: every rank would measure its own CPU; `on` compiles on every rank all the same.
+    assert not decide("auto", 10**6, m, True, multi_process=True).compile
+    assert decide("on", 1, None, False, multi_process=True).compile
+
+
+class _Tiny(torch.nn.Module):
+    """A network with ultralytics' ``loss(batch, preds)`` call shape, small enough to compile in seconds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+    def loss(self, batch: dict[str, torch.Tensor], preds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        value = preds.float().pow(2).mean() + batch["bboxes"].sum() * 0
+        return value, value.detach()
+
+
+def test_a_compile_failure_falls_back_to_eager_and_leaves_the_model_as_it_was(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """A real inductor compile with a C++ compiler that fails (as on a machine without a working toolchain)."""
+    from retrain.training import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch.manual_seed(0)
+    net = _Tiny()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    setting = compiled.Setting(imgsz=32, batch=2, classes=2)
+    eager = compiled.eager_step_seconds(net, setting)
+    with torch._inductor.config.patch({"cpp.cxx": (None, "/bin/false")}):
+        got = compiled.compile_forward(net, setting, eager)
+    assert got.forward is None and got.error, got
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # BatchNorm's statistics too
+    assert all(q.grad is None for q in net.parameters())
+    table = tmp_path / "compile.json"
+    entry = compiled.record(table, "k", None, eager, got, cached=False)
+    assert "failed" in entry and not compiled.decide("auto", 10**6, compiled.read_known(table)["k"], True).compile
+    # With the compiler back, the same network compiles, and its compiled forward computes what the eager one does.
+    got = compiled.compile_forward(net, setting, eager)
+    assert got.forward is not None and got.error is None and got.compile_s >= 0, got
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.allclose(got.forward(x), net(x), atol=1e-5)
+    entry = compiled.record(table, "k", None, eager, got, cached=False)
+    assert set(entry) == {"eager_s", "compiled_s", "compile_s"}
+    torch.compiler.reset()
+
+
+def test_compiled_artefacts_go_to_the_workspace_cache_unless_the_user_chose_a_folder(tmp_path: Path,
+                                                                                   monkeypatch: pytest.MonkeyPatch):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, default_cache_dir
+
+    from retrain.training.compiled import inductor_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())  # what importing torch's compile stack left
+    folder = inductor_cache(tmp_path / ".cache")
+    isa = torch.backends.cpu.get_cpu_capability()
+    assert folder.parent == (tmp_path / ".cache" / "inductor").resolve() and isa in folder.name and folder.is_dir()
+    assert cache_dir() == str(folder)  # where inductor now writes
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert inductor_cache(tmp_path / ".cache") == tmp_path / "mine"

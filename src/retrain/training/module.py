@@ -8,6 +8,7 @@ ranks' detections, so each computes the same score.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -40,11 +41,16 @@ def make_optimizer(p: TrainParams, groups: list[dict[str, Any]], precision: str)
 class DetectorModule(pl.LightningModule):
     """Fine-tunes a ``DetectionModel`` on the master.
 
+    ``compiled_forward``: the network's forward compiled for training batches of ``params.batch`` images
+    (``training.compiled``), or ``None``; a smaller last batch and validation run eagerly.
+
     Args:
         model: The network (warm-started or fresh).
         master: The dataset (class names and the val ground truth).
         params: The ``train`` section.
     """
+
+    compiled_forward: Callable[[torch.Tensor], Any] | None = None  # a class default: deep copies (EMA) have none
 
     def __init__(self, model: DetectionModel, master: Master, params: TrainParams) -> None:
         super().__init__()
@@ -67,7 +73,9 @@ class DetectorModule(pl.LightningModule):
         return (batch["img"].float() / 255).contiguous(memory_format=self.memory_format)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        preds = self.model(self._images(batch))
+        img = self._images(batch)
+        fast = self.compiled_forward if img.shape[0] == self.params.batch else None
+        preds = fast(img) if fast is not None else self.model(img)
         loss, items = self.model.loss(batch, preds)
         n = batch["img"].shape[0]
         self.log_dict({f"train/{k}": v for k, v in items.items()}, on_step=False, on_epoch=True, batch_size=n)
@@ -75,6 +83,11 @@ class DetectorModule(pl.LightningModule):
         self.log("loss", total.detach() / n, prog_bar=True, on_step=True, on_epoch=False, logger=False, batch_size=n)
         self.log("train/loss", total.detach() / n, on_step=False, on_epoch=True, batch_size=n)
         return total
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("compiled_forward", None)  # bound to this module's network, not to a copy's
+        return state
 
     def on_validation_epoch_start(self) -> None:
         self._dets = []

@@ -32,6 +32,8 @@ class TrainReport(Report):
             from the champion).
         replay: Replay sampling, when it applied: the new batches, new and older train images, older images per
             epoch, boxes kept per older class.
+        compile: ``runtime.compile``'s choice: ``{"compiled": bool, "reason": str, "compile_s": float | None}``
+            (``compile_s``: what this run spent compiling, from the cache or not).
     """
 
     what: ClassVar[str] = "train report"
@@ -52,3 +54,4 @@ class TrainReport(Report):
     batches: list[str] | None = None
     schedule: dict[str, Any] | None = None
     replay: dict[str, Any] | None = None
+    compile: dict[str, Any] | None = None

@@ -36,7 +36,7 @@ from retrain.errors import RetrainError
 from retrain.fsutil import replace_dir
 from retrain.metrics.coco import MetricsRecord, score
 from retrain.paths import Paths
-from retrain.training import hugepages
+from retrain.training import compiled, hugepages
 from retrain.training.callbacks import LAST, PREVIOUS
 from retrain.training.datamodule import MasterDataModule
 from retrain.training.module import DetectorModule
@@ -284,6 +284,11 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
         run_p = run_p.model_copy(update={"warmup_bias_lr": 0.0})
     module = DetectorModule(model, master, run_p)
     module.image_ids = dm.val_image_ids
+    # Forward passes left (a resumed run's global step counts optimizer steps, each `accumulate` batches).
+    steps = len(dm.train_dataloader()) * sched.epochs - int(meta.get("global_step", 0)) * p.accumulate
+    module.compiled_forward, compile_info = compiled.choose(paths.cache, params.runtime.compile, run_p, model,
+                                                            len(master.names), channels_last, max(0, steps),
+                                                            _is_main_process())
     loggers = _loggers(paths, run_log, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
     trainer = build_trainer(run_p, paths.checkpoints, loggers, callbacks)
@@ -307,7 +312,8 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
         schedule={"warm": sched is not p, "epochs": sched.epochs, "lr": sched.lr},
         replay=None if dm.replay is None else {
             "new_batches": dm.replay.new_batches, "new_images": len(dm.replay.new), "old_images": len(dm.replay.old),
-            "old_per_epoch": dm.replay.old_per_epoch, "min_per_class": dm.replay.min_per_class})
+            "old_per_epoch": dm.replay.old_per_epoch, "min_per_class": dm.replay.min_per_class},
+        compile=compile_info)
     candidate = _export(paths, master, p, ck["state_dict"], dict(model.yaml), report.to_json())  # type: ignore[arg-type]
     report.write(paths.train_report)
     loggers[0].log_metrics({"final/ema_mAP50-95": ema.map, "final/raw_mAP50-95": raw.map})

@@ -19,7 +19,7 @@ import torch
 from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 
 from retrain.config import TrainParams
-from retrain.device import on_cuda
+from retrain.device import cpu_name, on_cuda
 from retrain.fsutil import write_atomic
 from retrain.training.callbacks import LAST, AtomicCheckpointIO, FaultPoints, WarmupEMA
 
@@ -74,14 +74,37 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 << 20)) and bool(mallopt(m_trim_threshold, 1 << 30))
 
 
-def resolve_precision(params: TrainParams) -> str:
-    """``auto``: bf16-mixed on a CUDA GPU that supports it, else 32-true."""
+def cpu_flags() -> dict[str, bool]:
+    """The CPU's capability flags as torch reads them (``amx_bf16``, ``avx512_bf16``, ...), else ``/proc/cpuinfo``'s."""
+    caps = getattr(torch.cpu, "get_capabilities", None)
+    if caps is not None:
+        with contextlib.suppress(Exception):
+            return {str(k): bool(v) for k, v in caps().items()}
+    info = Path("/proc/cpuinfo")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.read_text().splitlines() if ln.startswith("flags")),
+                 []) if info.is_file() else []
+    return dict.fromkeys(flags, True)
+
+
+def native_bf16(flags: dict[str, bool]) -> bool:
+    """Whether the CPU computes bf16 in hardware: AMX (``amx_bf16``) or AVX512-BF16 (``avx512_bf16``).  Elsewhere
+    oneDNN converts to float32 for every bf16 operation, and bf16 is slower than float32."""
+    return bool(flags.get("amx_bf16") or flags.get("avx512_bf16"))
+
+
+def resolve_precision(params: TrainParams, flags: dict[str, bool] | None = None) -> str:
+    """``auto``: bf16-mixed on a CUDA GPU that supports it, and on a CPU that computes bf16 natively (``flags``:
+    the CPU's, read when not given); else 32-true.  An explicit value is used as it is."""
     if params.precision != "auto":
         return params.precision
-    return "bf16-mixed" if on_cuda(params) and torch.cuda.is_bf16_supported() else "32-true"
+    if on_cuda(params):
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "32-true"
+    if params.accelerator in ("auto", "cpu") and native_bf16(cpu_flags() if flags is None else flags):
+        return "bf16-mixed"
+    return "32-true"
 
 
-def _multi_process(params: TrainParams) -> bool:
+def multi_process(params: TrainParams) -> bool:
     devices = str(params.devices)
     return params.num_nodes > 1 or int(os.environ.get("WORLD_SIZE", "1") or 1) > 1 or (
         devices.isdigit() and int(devices) > 1)
@@ -101,10 +124,9 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
         return params.channels_last == "on"
     if on_cuda(params):
         return True
-    if model is None or _multi_process(params):
+    if model is None or multi_process(params):
         return False  # every rank of a DDP run must use one format, and each would time its own CPU's
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "cpu") if Path("/proc/cpuinfo").is_file() else "cpu"
+    cpu = cpu_name()
     spec = json.dumps(getattr(model, "yaml", {}), sort_keys=True, default=str)
     key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|{params.imgsz}|" + \
         hashlib.sha256(spec.encode()).hexdigest()[:12]
