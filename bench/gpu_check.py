@@ -3,8 +3,10 @@
 Run by ``bench/gpu_check.sh`` on a lent GPU machine (no MLflow, DVC or great-expectations needed there: the
 master is built in memory from generated sample batches).  It trains ``--steps`` optimizer steps of yolo11n
 from scratch with the project's own ``DetectorModule``, ``MasterDataModule`` and ``build_trainer()`` (EMA,
-checkpoints, pycocotools validation at the end), and prints, as JSON: the precision Lightning used, training
-images/s after the warm-up steps, peak GPU memory, the loss at the start and the end, and val mAP50-95.
+checkpoints, pycocotools validation at the end), and prints, as JSON: the precision Lightning used (``precision:
+auto``'s choice), ``runtime.compile``'s choice and why (``training.compiled.choose``, as ``retrain train`` makes
+it: ``--compile auto|on|off``), training images/s after the warm-up steps, peak GPU memory, the loss at the start
+and the end, and val mAP50-95.
 
 ``--smoke`` runs the same code on the CPU at a tiny size: how this script is tested where there is no GPU.
 """
@@ -61,6 +63,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=min(12, len(os.sched_getaffinity(0))))
     ap.add_argument("--smoke", action="store_true", help="tiny run on the CPU (tests this script)")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--compile", choices=("auto", "on", "off"), default="auto", help="runtime.compile")
     args = ap.parse_args()
     if args.smoke:
         args.steps, args.warmup_steps, args.imgsz, args.batch, args.images_per_batch, args.workers = 6, 2, 96, 4, 10, 0
@@ -70,9 +73,10 @@ def main() -> None:
 
     from retrain.config import RuntimeParams, TrainParams
     from retrain.detector.model import build_model
+    from retrain.training.compiled import choose
     from retrain.training.datamodule import MasterDataModule
     from retrain.training.module import DetectorModule
-    from retrain.training.trainer import build_trainer, resolve_precision
+    from retrain.training.trainer import build_trainer, cpu_flags, native_bf16, resolve_precision
 
     if not args.smoke and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device (use --smoke to test this script on the CPU)")
@@ -94,9 +98,12 @@ def main() -> None:
     dm.setup("fit")
     from retrain.training.trainer import use_channels_last
 
-    module = DetectorModule(model, master, params.model_copy(
-        update={"channels_last": "on" if use_channels_last(params) else "off"}))
+    run_p = params.model_copy(update={"channels_last": "on" if use_channels_last(params) else "off"})
+    module = DetectorModule(model, master, run_p)
     module.image_ids = dm.val_image_ids
+    steps = len(dm.train_dataloader()) * epochs
+    module.compiled_forward, compile_info = choose(tmp / "cache", args.compile, run_p, model, len(master.names),
+                                                   run_p.channels_last == "on", steps)
 
     def now() -> float:
         if torch.cuda.is_available():
@@ -132,7 +139,8 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__, "precision": str(trainer.precision), "resolved": resolve_precision(params),
-        "channels_last": use_channels_last(params), "imgsz": args.imgsz, "batch": args.batch,
+        "channels_last": use_channels_last(params), "compile": compile_info,
+        "cpu_native_bf16": native_bf16(cpu_flags()), "imgsz": args.imgsz, "batch": args.batch,
         "train_images": n_train, "steps": trainer.global_step, "epochs": trainer.current_epoch,
         "images_per_s": round(meter.images / meter.seconds, 1) if meter.seconds else None,
         "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20) if torch.cuda.is_available() else None,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A short prepared check of training on a lent CUDA GPU (under 4 minutes): bf16-mixed training of a few hundred
-# steps of yolo11n and its throughput at imgsz 640, batch 64 (bench/gpu_check.py prints the figures as JSON).
+# steps of yolo11n and its throughput at imgsz 640, batch 64 (bench/gpu_check.py prints the figures as JSON), with
+# what `precision: auto` and `runtime.compile: auto` chose there and why (`run --compile on` to compile: minutes).
 #
 #   bench/gpu_check.sh fetch    here, once: download the wheels the GPU machine lacks into .whl/ (git-ignored;
 #                               that machine has torch, Lightning, OpenCV, pandas, but no PyPI access)
