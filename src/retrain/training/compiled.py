@@ -200,7 +200,10 @@ def _step(model: Any, forward: Callable[[torch.Tensor], Any], data: dict[str, to
         torch.cuda.synchronize(s.device)
     t0 = time.perf_counter()
     model.zero_grad(set_to_none=True)
-    with torch.autocast(s.device.type, dtype=s.autocast or torch.float32, enabled=s.autocast is not None):
+    # As Lightning's mixed-precision plugin enters it (cache_enabled=False): the autocast state is part of the
+    # compiled graph's guards, and another one would compile again at the first real step.
+    with torch.autocast(s.device.type, dtype=s.autocast or torch.float32, enabled=s.autocast is not None,
+                        cache_enabled=False):
         preds = forward(data["img"].contiguous(memory_format=s.memory_format))
         loss, _ = model.loss(data, preds)
     loss.sum().backward()
@@ -280,7 +283,8 @@ def record(path: Path, run_key: str, known: dict[str, Any] | None, eager_s: floa
 
 def has_artefacts(folder: Path) -> bool:
     """Whether the inductor cache folder holds a compiled FX graph already."""
-    return folder.is_dir() and any((folder / "fxgraph").rglob("*")) if (folder / "fxgraph").is_dir() else False
+    graphs = folder / "fxgraph"
+    return graphs.is_dir() and any(graphs.iterdir())
 
 
 def choose(cache: Path, mode: str, p: TrainParams, model: Any, classes: int, channels_last: bool, steps: int,
