@@ -262,6 +262,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--images-per-batch", type=int, default=80)
     ap.add_argument("--no-write", action="store_true", help="print, do not update RESULTS.md")
+    ap.add_argument("--no-peer-tuned", action="store_true", help="leave out the context run (the peer with our "
+                    "process tuning): a long run's time")
     ap.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)  # internal: one trainer's process
     ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--settings", help=argparse.SUPPRESS)
@@ -281,7 +283,8 @@ def main() -> None:
                     "fliplr": 0.5, "flipud": 0.0, "mosaic": 1.0, "mixup": 0.0,
                     "close_mosaic": max(1, args.epochs // 4)},
     }
-    runs = {role: run_role(role, root, settings) for role in ROLES}
+    runs = {role: run_role(role, root, settings) for role in ROLES
+            if not (args.no_peer_tuned and role == "peer-tuned")}
     n_train = runs["ours"]["n_train"]
     m_ours, m_peer = runs["ours"]["metrics"], runs["peer"]["metrics"]
     formats = json.loads((ws / ".cache" / "memory-format.json").read_text())
@@ -304,8 +307,8 @@ def main() -> None:
         ("training images/s: ours vs the machine's limit", f"{ips_ours:.2f}", f"{limit:.2f}",
          f"{ips_ours / limit:.2f}"),
         ("peer vs the machine's limit", f"{ips_peer:.2f}", f"{limit:.2f}", f"{ips_peer / limit:.2f}"),
-        ("context: ours vs the peer given retrain's process tuning (huge pages, mallopt)", f"{ips_ours:.2f}",
-         f"{ips['peer-tuned']:.2f}", f"{ips_ours / ips['peer-tuned']:.2f}"),
+        *([("context: ours vs the peer given retrain's process tuning (huge pages, mallopt)", f"{ips_ours:.2f}",
+            f"{ips['peer-tuned']:.2f}", f"{ips_ours / ips['peer-tuned']:.2f}")] if "peer-tuned" in ips else []),
         ("whole run, every epoch and ours' compile seconds included: first run", f"{whole['ours']:.2f}",
          f"{whole['peer']:.2f}", f"{whole['ours'] / whole['peer']:.2f}"),
         ("whole run, the same: ours' second run in the same workspace (cached measurements and compiled graphs)",
@@ -331,7 +334,7 @@ def main() -> None:
         "",
         f"Machine: {machine()}. Date: {time.strftime('%Y-%m-%d')}. Command: `python bench/train_throughput.py "
         f"--epochs {args.epochs} --imgsz {args.imgsz} --batch {args.batch} --images-per-batch "
-        f"{args.images_per_batch}`.",
+        f"{args.images_per_batch}{' --no-peer-tuned' if args.no_peer_tuned else ''}`.",
         "",
         f"Data: 2 sample batches, {n_train} train images, {m_ours['images']} val images; yolo11n.yaml from scratch, "
         f"imgsz {args.imgsz}, batch {args.batch}, {args.epochs} epochs, AdamW, cosine, mosaic, no loader processes "
@@ -340,8 +343,10 @@ def main() -> None:
         f"{fmt} (channels_last auto: timed once by `retrain train` on this CPU), the peer in "
         "NCHW. Each trainer ran in a fresh process: ours as `retrain train` runs "
         f"({runs['ours']['memory'].removeprefix('memory: ')}; mallopt), the peer as `yolo train` runs "
-        f"({runs['peer']['memory'].removeprefix('memory: ')}), and the peer again with ours' process tuning "
-        f"({runs['peer-tuned']['memory'].removeprefix('memory: ')}; mallopt). Epoch seconds (train loop only, "
+        f"({runs['peer']['memory'].removeprefix('memory: ')})"
+        + (f", and the peer again with ours' process tuning ({runs['peer-tuned']['memory'].removeprefix('memory: ')}"
+           "; mallopt)" if "peer-tuned" in runs else " (the peer with ours' process tuning left out: --no-peer-tuned)")
+        + f". Epoch seconds (train loop only, "
         f"the first epoch of each excluded): {seconds}. Machine limit: the faster float32 matmul ("
         + ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
         + f" GFLOP/s) / (3 x {fwd:.2f} GFLOP forward per image).",
