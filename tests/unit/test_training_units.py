@@ -359,3 +359,22 @@ def test_compiled_artefacts_go_to_the_workspace_cache_unless_the_user_chose_a_fo
     assert cache_dir() == str(folder)  # where inductor now writes
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert inductor_cache(tmp_path / ".cache") == tmp_path / "mine"
+
+
+def test_a_run_that_stays_eager_leaves_torchs_compile_caches_where_they_were(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """``auto`` on a run too short to pay: the eager step is measured and kept, and inductor is not pointed anywhere
+    (pointing it clears torch's memoised cache paths, for nothing)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from retrain.training import compiled
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    where = compiled.inductor_folder(tmp_path / ".cache")
+    assert not where.exists() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()  # asking changes nothing
+    p = TrainParams(accelerator="cpu", imgsz=32, batch=2)
+    forward, info = compiled.choose(tmp_path / ".cache", "auto", p, _Tiny(), 2, False, steps=3)
+    assert forward is None and not info["compiled"] and "not measured" in info["reason"], info
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() and not where.exists()
+    (entry,) = compiled.read_known(tmp_path / ".cache" / "compile.json").values()
+    assert set(entry) == {"eager_s"} and entry["eager_s"] > 0

@@ -40,7 +40,7 @@ import torch
 from retrain.config import TrainParams
 from retrain.device import cpu_name, on_cuda
 from retrain.fsutil import write_atomic
-from retrain.training.trainer import multi_process, resolve_precision
+from retrain.training.trainer import fastest, measurement_key, multi_process, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -49,32 +49,39 @@ BEST_SAVING = 0.2
 #: What a first compile of yolo11n's training graph costs before this machine has measured it (104 s on the Xeon,
 #: 182 s on the EPYC in bench/RESULTS.md); used only to decide whether measuring can pay.
 FIRST_COMPILE_S = 100.0
-#: Steps timed in each mode by a measurement (after the first, which warms up or compiles).
-TIMED_STEPS = 2
 
-
-def inductor_cache(cache: Path) -> Path:
-    """Point PyTorch's compile caches into the workspace's cache, unless ``TORCHINDUCTOR_CACHE_DIR`` names another
-    folder than inductor's default (a folder the user chose).
+def inductor_folder(cache: Path) -> Path:
+    """Where the run's compiled artefacts are (nothing is changed): ``TORCHINDUCTOR_CACHE_DIR`` where it names
+    another folder than inductor's default (a folder the user chose), else the workspace's
+    ``cache/inductor/torch-<version>-<ISA>-<cpu>``.
 
     One folder per torch version, vector ISA and CPU model: inductor's FX-graph key holds no CPU description, and a
-    workspace's cache may travel (a copied workspace, a shared volume).  Call before the first compile.
-    Importing torch's compile stack (Lightning and ultralytics do) already wrote inductor's default
-    (``/tmp/torchinductor_<user>``) into the environment, and some paths derived from it are memoised: they are
-    cleared.
+    workspace's cache may travel (a copied workspace, a shared volume).
     """
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    from torch._inductor.utils import clear_caches
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
         return Path(chosen)
     isa = torch.backends.cpu.get_cpu_capability()
     cpu = hashlib.sha256(cpu_name().encode()).hexdigest()[:8]
-    folder = (cache / "inductor" / f"torch-{torch.__version__}-{isa}-{cpu}".replace("+", "_")).resolve()
+    return (cache / "inductor" / f"torch-{torch.__version__}-{isa}-{cpu}".replace("+", "_")).resolve()
+
+
+def inductor_cache(cache: Path) -> Path:
+    """Point PyTorch's compile caches at ``inductor_folder(cache)`` (made if missing).  Call before the first compile.
+
+    Importing torch's compile stack (Lightning and ultralytics do) already wrote inductor's default
+    (``/tmp/torchinductor_<user>``) into the environment, and some paths derived from it are memoised: they are
+    cleared.
+    """
+    from torch._inductor.utils import clear_caches
+
+    folder = inductor_folder(cache)
     folder.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    clear_caches()
+    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")) != str(folder):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+        clear_caches()
     return folder
 
 
@@ -129,16 +136,6 @@ def decide(mode: str, steps: int, known: dict[str, Any] | None, cached: bool, ea
                     f"{bound:.0f} s, less than a first compile (~{FIRST_COMPILE_S:.0f} s); not measured")
     return Plan(True, True, f"compile: auto: measuring: {steps} steps of {eager_s:.2f} s could save up to "
                 f"{bound:.0f} s")
-
-
-def key(model: torch.nn.Module, imgsz: int, batch: int, precision: str, channels_last: bool,
-        device: torch.device | None = None) -> str:
-    """The measurement's key: CPU (or GPU), torch, threads, model, image size, batch, precision, memory format."""
-    spec = json.dumps(getattr(model, "yaml", {}), sort_keys=True, default=str)
-    where = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else cpu_name()
-    return (f"{where}|torch {torch.__version__}|{torch.get_num_threads()} threads|{imgsz} px|batch {batch}|"
-            f"{precision}|{'channels_last' if channels_last else 'NCHW'}|"
-            f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}")
 
 
 def read_known(path: Path) -> dict[str, Any]:
@@ -213,12 +210,11 @@ def _step(model: Any, forward: Callable[[torch.Tensor], Any], data: dict[str, to
 
 
 def eager_step_seconds(model: Any, s: Setting) -> float:
-    """The faster of two eager training steps (forward, ultralytics' loss, backward) after one to warm up."""
+    """The fastest eager training step (forward, ultralytics' loss, backward; ``trainer.fastest``)."""
     data = _dummy_batch(s)
     with _restored(model):
         model.train()
-        times = [_step(model, model, data, s) for _ in range(1 + TIMED_STEPS)]
-    return min(times[1:])
+        return fastest(lambda: _step(model, model, data, s))[1]
 
 
 @dataclass(frozen=True)
@@ -228,7 +224,7 @@ class Compiled:
     Attributes:
         forward: The compiled ``model.forward`` (``None``: compiling failed).
         compile_s: Seconds the first compiled step took beyond an eager one (the compile, cold or from the cache).
-        step_s: Seconds of a compiled step (the faster of ``TIMED_STEPS``).
+        step_s: Seconds of a compiled step (the fastest after the compile; ``trainer.fastest``).
         error: Why compiling failed.
     """
 
@@ -254,13 +250,12 @@ def compile_forward(model: Any, s: Setting, eager_s: float, multi_process: bool 
     try:
         with _restored(model):
             model.train()
-            times = [_step(model, forward, data, s) for _ in range(1 + TIMED_STEPS)]
+            first, step = fastest(lambda: _step(model, forward, data, s))
     except Exception as e:  # any compile error: BackendCompilerFailed, CppCompileError, Unsupported, ...
         torch.compiler.reset()
-        first = next((ln for ln in str(e).splitlines() if ln.strip()), "")
-        return Compiled(None, math.nan, math.nan, f"{type(e).__name__}: {first[:160]}")
-    step = min(times[1:])
-    return Compiled(forward, max(0.0, times[0] - eager_s), step)
+        line = next((ln for ln in str(e).splitlines() if ln.strip()), "")
+        return Compiled(None, math.nan, math.nan, f"{type(e).__name__}: {line[:160]}")
+    return Compiled(forward, max(0.0, first - eager_s), step)
 
 
 def record(path: Path, run_key: str, known: dict[str, Any] | None, eager_s: float, got: Compiled | None,
@@ -296,7 +291,7 @@ def choose(cache: Path, mode: str, p: TrainParams, model: Any, classes: int, cha
     """
     if mode == "off":
         return None, {"compiled": False, "reason": "compile: off", "compile_s": None}
-    folder = inductor_cache(cache)
+    folder = inductor_folder(cache)  # pointed at only when this run compiles
     precision = resolve_precision(p)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if on_cuda(p) else torch.device("cpu")
     dtype = torch.bfloat16 if precision.startswith("bf16") else torch.float16 if precision.startswith("16") else None
@@ -304,7 +299,8 @@ def choose(cache: Path, mode: str, p: TrainParams, model: Any, classes: int, cha
                 torch.channels_last if channels_last else torch.contiguous_format, device)
     model.to(device)
     table = cache / "compile.json"
-    run_key = key(model, p.imgsz, p.batch, precision, channels_last, device)
+    run_key = measurement_key(model, f"{p.imgsz} px", f"batch {p.batch}", precision,
+                              "channels_last" if channels_last else "NCHW", device=device)
     known = read_known(table).get(run_key)
     cached = has_artefacts(folder)
     multi = multi_process(p)
@@ -319,6 +315,7 @@ def choose(cache: Path, mode: str, p: TrainParams, model: Any, classes: int, cha
         return None, {"compiled": False, "reason": plan.reason, "compile_s": None}
     if eager_s is None:
         eager_s = float(known["eager_s"]) if known and "eager_s" in known else eager_step_seconds(model, s)
+    inductor_cache(cache)
     got = compile_forward(model, s, eager_s, multi)
     if main_process:
         record(table, run_key, known, eager_s, got, cached)

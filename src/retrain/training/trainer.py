@@ -11,6 +11,7 @@ import logging
 import os
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,10 +127,7 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
         return True
     if model is None or multi_process(params):
         return False  # every rank of a DDP run must use one format, and each would time its own CPU's
-    cpu = cpu_name()
-    spec = json.dumps(getattr(model, "yaml", {}), sort_keys=True, default=str)
-    key = f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|{params.imgsz}|" + \
-        hashlib.sha256(spec.encode()).hexdigest()[:12]
+    key = measurement_key(model, params.imgsz)
     known: dict[str, bool] = {}
     if cache is not None and cache.is_file():
         with contextlib.suppress(OSError, ValueError):
@@ -146,17 +144,38 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
     return known[key]
 
 
+def measurement_key(model: torch.nn.Module, *parts: object, device: torch.device | None = None) -> str:
+    """The key of a measurement made on this machine: CPU (or CUDA GPU), torch version, threads, ``parts`` (image
+    size, batch, ...) and the model's architecture, which together decide how fast a training step runs."""
+    spec = json.dumps(getattr(model, "yaml", {}), sort_keys=True, default=str)
+    where = torch.cuda.get_device_name(device) if device is not None and device.type == "cuda" else cpu_name()
+    return "|".join([where, f"torch {torch.__version__}", f"{torch.get_num_threads()} threads", *map(str, parts),
+                     hashlib.sha256(spec.encode()).hexdigest()[:12]])
+
+
+#: Steps timed by a measurement, after the first (which warms up, or compiles).
+TIMED_STEPS = 2
+
+
+def fastest(step: Callable[[], float]) -> tuple[float, float]:
+    """Run ``step`` (which returns its own seconds) ``1 + TIMED_STEPS`` times: the first one's seconds, and the
+    fastest of the rest."""
+    times = [step() for _ in range(1 + TIMED_STEPS)]
+    return times[0], min(times[1:])
+
+
 def _step_seconds(model: torch.nn.Module, imgsz: int, batch: int, channels_last: bool) -> float:
-    """Fastest of two forward + backward passes of a copy of ``model`` (after one to warm up)."""
+    """The fastest forward + backward pass of a copy of ``model`` (``fastest``)."""
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     net = copy.deepcopy(model).train().to(memory_format=fmt)
     x = torch.rand(batch, 3, imgsz, imgsz).contiguous(memory_format=fmt)
-    times = []
-    for _ in range(3):
+
+    def step() -> float:
         t0 = time.perf_counter()
         torch.stack([t.float().sum() for t in _tensors(net(x))]).sum().backward()
-        times.append(time.perf_counter() - t0)
-    return min(times[1:])
+        return time.perf_counter() - t0
+
+    return fastest(step)[1]
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
