@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -89,3 +91,22 @@ def coco128_batches(base: Path, parts: int) -> list[Path]:
             "annotations": [a for a in doc["annotations"] if a["image_id"] in ids]}))
         out.append(d)
     return out
+
+
+def run_module(*args: str | Path, cwd: Path) -> None:
+    """``python -m ARGS`` in ``cwd`` with this interpreter's scripts on PATH; raises on failure."""
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    subprocess.run([sys.executable, "-m", *map(str, args)], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def sample_workspace(root: Path, batches: int, images: int) -> Path:
+    """``root/ws``: a retrain workspace with ``batches`` sample batches of ``images`` ingested, merged, validated."""
+    from retrain.data.sample import generate
+
+    ws = root / "ws"
+    run_module("retrain", "init", ws, "--remote", root / "remote", cwd=root)
+    for b in generate(root / "samples", batches, images, seed=0):
+        run_module("retrain", "ingest", b.path, cwd=ws)
+    run_module("retrain", "merge", cwd=ws)
+    run_module("retrain", "validate", cwd=ws)
+    return ws

@@ -45,25 +45,7 @@ _CONFIG = tempfile.mkdtemp(prefix="ultralytics-config-")
 os.environ["YOLO_CONFIG_DIR"] = _CONFIG  # its settings file (mlflow off below) never touches the user's
 
 sys.path.insert(0, str(HERE))
-from common import cpu_model, machine, update_results_md  # noqa: E402
-
-
-def run(*args: str | Path, cwd: Path) -> None:
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
-    subprocess.run([sys.executable, "-m", *map(str, args)], cwd=cwd, env=env, check=True, capture_output=True)
-
-
-def workspace(root: Path, batches: int, images: int) -> Path:
-    """A retrain workspace with ``batches`` sample batches ingested and merged."""
-    from retrain.data.sample import generate
-
-    ws = root / "ws"
-    run("retrain", "init", ws, "--remote", root / "remote", cwd=root)
-    for b in generate(root / "samples", batches, images, seed=0):
-        run("retrain", "ingest", b.path, cwd=ws)
-    run("retrain", "merge", cwd=ws)
-    run("retrain", "validate", cwd=ws)
-    return ws
+from common import cpu_model, machine, sample_workspace, update_results_md  # noqa: E402
 
 
 def export_yolo(ws: Path, out: Path) -> Path:
@@ -273,7 +255,7 @@ def main() -> None:
         return
     threads = len(os.sched_getaffinity(0))
     root = Path(tempfile.mkdtemp(prefix="bench-train-"))
-    ws = workspace(root, 2, args.images_per_batch)
+    ws = sample_workspace(root, 2, args.images_per_batch)
     export_yolo(ws, root / "yolo")
     settings: dict[str, Any] = {
         "model": "yolo11n.yaml", "imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "workers": "auto",
