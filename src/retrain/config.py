@@ -123,10 +123,12 @@ class WarmParams(_Section):
     """
 
     epochs: int = Field(default=20, ge=1, description="Epochs of a warm-started run (never more than train.epochs; a "
-                        "run that brings a class the champion does not know takes train.epochs).")
+                        "class new to the champion takes train.epochs, see new_class_runs).")
     lr: float = Field(default=0.001, gt=0, description="Peak learning rate of a warm-started run.")
     warmup_epochs: float = Field(default=0.5, ge=0, description="Its linear warm-up.")
     close_mosaic: int = Field(default=3, ge=0, description="Its last epochs without mosaic.")
+    new_class_runs: int = Field(default=3, ge=1, description="Runs, from the one that brings it, in which a class "
+                                "new to the champion takes train.epochs (1: its first run only).")
 
 
 class ReplayParams(_Section):

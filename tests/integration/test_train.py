@@ -362,10 +362,11 @@ def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_an
     assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stderr and "replay: each epoch trains on the" in proc.stderr, proc.stderr
     # star is new to the champion: its head row starts fresh, so the run takes the full schedule, not train.warm
-    assert "new classes the champion does not know (star): the full schedule" in proc.stderr, proc.stderr
+    assert "in their first 3 runs (star: run 1): the full schedule" in proc.stderr, proc.stderr
     assert _train(runs["off"].root).returncode == 0
     a, b, off = (_report(runs[k]) for k in ("straight", "killed", "off"))
     assert a["schedule"] == {"warm": False, "epochs": 3, "lr": 0.002} and a["epochs"] == 3  # train.epochs
+    assert a["class_runs"] == {"star": 1}  # the champion counted nothing: its classes are established
     r = a["replay"]
     assert r["new_batches"] == ["batch-2"] and r["new_images"] > 0 and r["old_images"] > r["old_per_epoch"] > 0
     train_images = r["new_images"] + r["old_images"]

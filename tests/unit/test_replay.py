@@ -119,6 +119,28 @@ def test_the_warm_schedule_applies_to_a_champion_warm_start_that_brings_no_new_c
     assert schedule(off, champion, known, ("circle",)) is off  # warm: off
 
 
+def test_a_new_class_keeps_the_full_schedule_for_its_first_new_class_runs_runs_then_the_warm_one_applies():
+    from retrain.config import TrainParams, WarmParams
+    from retrain.detector.files import ModelFile
+    from retrain.training.train import next_class_runs, schedule
+
+    p = TrainParams(epochs=30, warm=WarmParams(epochs=12, new_class_runs=3))
+    champion = {"kind": "champion", "model": "m", "version": "3"}
+    names = ("circle", "square", "star")
+    base = ModelFile({}, {}, ("circle", "square"), 320, {})  # from scratch, or an earlier retrain: no record
+    epochs = []
+    for _ in range(5):  # each run's model is the next run's champion
+        epochs.append(schedule(p, champion, base, names).epochs)
+        base = ModelFile({}, {}, names, 320, {"class_runs": next_class_runs(base, names)})
+    assert epochs == [30, 30, 30, 12, 12]  # star arrives: its run and the next two take train.epochs
+    assert base.meta["class_runs"] == {"star": 5}  # counted on; the established classes never are
+    one = p.model_copy(update={"warm": WarmParams(epochs=12, new_class_runs=1)})
+    assert schedule(one, champion, ModelFile({}, {}, names, 320, {"class_runs": {"star": 1}}), names).epochs == 12
+    assert next_class_runs(None, names) == {}  # from scratch: every class established
+    odd = ModelFile({}, {}, names, 320, {"class_runs": ["star"]})  # a record it cannot read counts nothing
+    assert schedule(p, champion, odd, names).epochs == 12 and next_class_runs(odd, names) == {}
+
+
 def test_the_flows_progress_bar_reads_the_warm_epochs_from_the_train_stages_log_line(tmp_path, caplog):
     import logging
 

@@ -30,6 +30,8 @@ class TrainReport(Report):
             champion, it tells the audit which batches are new to it); ``None`` in reports of an earlier retrain.
         schedule: The run's schedule: ``{"warm": bool, "epochs", "lr"}`` (``train.warm`` applies to a warm start
             from the champion).
+        class_runs: Per class that arrived new to a champion, the runs it has trained in since (this one
+            included); ``train.warm.new_class_runs`` reads it from the champion's model file.
         replay: Replay sampling, when it applied: the new batches, new and older train images, older images per
             epoch, boxes kept per older class.
         compile: ``runtime.compile``'s choice: ``{"compiled": bool, "reason": str, "compile_s": float | None}``
@@ -53,5 +55,6 @@ class TrainReport(Report):
     classes: list[str]
     batches: list[str] | None = None
     schedule: dict[str, Any] | None = None
+    class_runs: dict[str, int] | None = None
     replay: dict[str, Any] | None = None
     compile: dict[str, Any] | None = None

@@ -151,22 +151,51 @@ def resolve_base(paths: Paths, params: Params, champion: RegisteredModel | None
     return None, {"kind": "scratch"}
 
 
+def class_runs(base: ModelFile | None) -> dict[str, int]:
+    """The runs each class of ``base`` has trained in since it arrived new to a champion (its file's
+    ``class_runs``); classes of a from-scratch model, or of a file without the record, are not counted: established."""
+    runs = base.meta.get("class_runs") if base is not None else None
+    if not isinstance(runs, dict):
+        return {}
+    return {str(k): int(v) for k, v in runs.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def young_classes(base: ModelFile | None, names: tuple[str, ...], runs: int) -> list[str]:
+    """The classes of ``names`` that are new to ``base`` or arrived in one of its last ``runs`` - 1 runs."""
+    if base is None:
+        return []
+    counted = class_runs(base)
+    return [n for n in names if n not in base.names or counted.get(n, runs) < runs]
+
+
+def next_class_runs(base: ModelFile | None, names: tuple[str, ...]) -> dict[str, int]:
+    """``class_runs`` of the model this run makes: a class new to ``base`` has had 1 run, a counted one one more."""
+    if base is None:
+        return {}
+    counted = class_runs(base)
+    return {n: 1 if n not in base.names else counted[n] + 1 for n in names if n not in base.names or n in counted}
+
+
 def schedule(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None = None,
              names: tuple[str, ...] = ()) -> TrainParams:
     """The run's schedule: ``train.warm`` applied when the run starts from the champion (never more epochs than
     ``train.epochs``), else ``train`` as it is.
 
-    A class the champion does not know starts with a fresh head row: its run takes the full schedule (in
-    ``bench/retrain_cost.py`` a new class learned in 12 warm epochs scored 0.00 where the full schedule reached 0.27).
+    A class new to the champion starts with a fresh head row: the run that brings it takes the full schedule, and so
+    do the next ``warm.new_class_runs`` - 1 (in ``bench/retrain_cost.py`` a new class learned in 12 warm epochs scored
+    0.00 where the full schedule reached 0.27, and at 20 warm epochs after its first run it stayed at 0.18-0.52
+    where full runs reached 0.53-0.77).
     """
     if base_info.get("kind") != "champion" or p.warm is False:
         return p
-    new = [n for n in names if base is not None and n not in base.names]
-    if new:
-        log.info("new classes the champion does not know (%s): the full schedule (train.epochs), not train.warm",
-                 ", ".join(new))
-        return p
     w = p.warm
+    young = young_classes(base, names, w.new_class_runs)
+    if young:
+        counted = class_runs(base)
+        log.info("classes new to the champion or in their first %d runs (%s): the full schedule (train.epochs), "
+                 "not train.warm", w.new_class_runs,
+                 ", ".join(f"{n}: run {counted.get(n, 0) + 1}" for n in young))
+        return p
     log.info(WARM_PLAN_LOG, min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
     return p.model_copy(update={"epochs": min(w.epochs, p.epochs), "lr": w.lr, "warmup_epochs": w.warmup_epochs,
                                 "augment": p.augment.model_copy(update={"close_mosaic": w.close_mosaic})})
@@ -310,6 +339,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
         mlflow_run_id=loggers[0].run_id, precision=str(trainer.precision), classes=list(master.names),
         batches=[str(b) for b in master.doc.get("info", {}).get("batches", [])],
         schedule={"warm": sched is not p, "epochs": sched.epochs, "lr": sched.lr},
+        class_runs=next_class_runs(base, master.names),
         replay=None if dm.replay is None else {
             "new_batches": dm.replay.new_batches, "new_images": len(dm.replay.new), "old_images": len(dm.replay.old),
             "old_per_epoch": dm.replay.old_per_epoch, "min_per_class": dm.replay.min_per_class},
