@@ -160,14 +160,6 @@ def class_runs(base: ModelFile | None) -> dict[str, int]:
     return {str(k): int(v) for k, v in runs.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def young_classes(base: ModelFile | None, names: tuple[str, ...], runs: int) -> list[str]:
-    """The classes of ``names`` that are new to ``base`` or arrived in one of its last ``runs`` - 1 runs."""
-    if base is None:
-        return []
-    counted = class_runs(base)
-    return [n for n in names if n not in base.names or counted.get(n, runs) < runs]
-
-
 def next_class_runs(base: ModelFile | None, names: tuple[str, ...]) -> dict[str, int]:
     """``class_runs`` of the model this run makes: a class new to ``base`` has had 1 run, a counted one one more."""
     if base is None:
@@ -189,12 +181,10 @@ def schedule(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None =
     if base_info.get("kind") != "champion" or p.warm is False:
         return p
     w = p.warm
-    young = young_classes(base, names, w.new_class_runs)
+    young = {n: run for n, run in next_class_runs(base, names).items() if run <= w.new_class_runs}
     if young:
-        counted = class_runs(base)
         log.info("classes new to the champion or in their first %d runs (%s): the full schedule (train.epochs), "
-                 "not train.warm", w.new_class_runs,
-                 ", ".join(f"{n}: run {counted.get(n, 0) + 1}" for n in young))
+                 "not train.warm", w.new_class_runs, ", ".join(f"{n}: run {run}" for n, run in young.items()))
         return p
     log.info(WARM_PLAN_LOG, min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
     return p.model_copy(update={"epochs": min(w.epochs, p.epochs), "lr": w.lr, "warmup_epochs": w.warmup_epochs,
