@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import psutil
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Sampler
 from ultralytics.cfg import get_cfg
@@ -217,6 +216,8 @@ class EpochSampler(Sampler[tuple[int, int, int]]):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        import pytorch_lightning as pl  # here: evaluate and audit load images without Lightning (seconds to import)
+
         pl.seed_everything(self.seed * 1000 + epoch, workers=True, verbose=False)  # this process's own RNGs
         if self.on_epoch is not None:
             self.on_epoch(epoch)
