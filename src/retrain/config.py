@@ -127,8 +127,9 @@ class WarmParams(_Section):
     lr: float = Field(default=0.001, gt=0, description="Peak learning rate of a warm-started run.")
     warmup_epochs: float = Field(default=0.5, ge=0, description="Its linear warm-up.")
     close_mosaic: int = Field(default=3, ge=0, description="Its last epochs without mosaic.")
-    new_class_runs: int = Field(default=3, ge=1, description="Runs, from the one that brings it, in which a class "
-                                "new to the champion takes train.epochs (1: its first run only).")
+    new_class_runs: int = Field(default=3, ge=0, description="Runs, from the one that brings it, in which a class "
+                                "new to the champion takes train.epochs on every train image, not train.warm and "
+                                "train.replay (1: its first run only; 0: never).")
 
 
 class ReplayParams(_Section):

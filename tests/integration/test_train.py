@@ -341,19 +341,24 @@ def _steps_per_epoch(paths: Paths) -> list[int]:
 
 
 # A warm run's schedule and replay at this size: the champion knew batch-1 (about 7 train images), batch-2 is new.
-WARM = {"use_champion": True, "warm": {"epochs": 2, "lr": 0.001, "warmup_epochs": 0.5, "close_mosaic": 1},
+# batch-2 brings star, new to the champion: new_class_runs 0 lets the run take train.warm and replay all the same.
+WARM = {"use_champion": True, "warm": {"epochs": 3, "lr": 0.001, "warmup_epochs": 0.5, "close_mosaic": 1,
+                                       "new_class_runs": 0},
         "replay": {"old_fraction": 0.25, "min_per_class": 2}}
 
 
 def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_and_replay_off_trains_on_all(
         merged: Path, tmp_path: Path, champion_b1: Path):
     """Replay on: each epoch is batch-2's train images and a few of batch-1's; a SIGKILL in epoch 2 then a rerun gives
-    the unbroken run's losses and weights (the draws depend on (seed, epoch) alone).  Replay off: every image."""
+    the unbroken run's losses and weights (the draws depend on (seed, epoch) alone).  Replay off: every image.  A young
+    class (new_class_runs 3): the full schedule on every image."""
     runs = {}
-    for kind in ("straight", "killed", "off"):
+    for kind in ("straight", "killed", "off", "young"):
         paths = _copy(merged, tmp_path / kind)
         _register_champion(paths.root, champion_b1)
-        set_train_params(paths.root, **{**WARM, **({"replay": False} if kind == "off" else {})})
+        extra = {"replay": False} if kind == "off" else {
+            "warm": {**WARM["warm"], "new_class_runs": 3}} if kind == "young" else {}
+        set_train_params(paths.root, **{**WARM, **extra})
         runs[kind] = paths
     assert _train(runs["straight"].root).returncode == 0
     proc = _train(runs["killed"].root, env={"RETRAIN_FAULT": "train.epoch1"})
@@ -361,17 +366,21 @@ def test_a_warm_run_with_replay_killed_in_epoch_2_resumes_to_the_unbroken_run_an
     proc = _train(runs["killed"].root)
     assert proc.returncode == 0, proc.stderr
     assert "resuming from" in proc.stderr and "replay: each epoch trains on the" in proc.stderr, proc.stderr
-    # star is new to the champion: its head row starts fresh, so the run takes the full schedule, not train.warm
-    assert "in their first 3 runs (star: run 1): the full schedule" in proc.stderr, proc.stderr
     assert _train(runs["off"].root).returncode == 0
-    a, b, off = (_report(runs[k]) for k in ("straight", "killed", "off"))
-    assert a["schedule"] == {"warm": False, "epochs": 3, "lr": 0.002} and a["epochs"] == 3  # train.epochs
-    assert a["class_runs"] == {"star": 1}  # the champion counted nothing: its classes are established
+    proc = _train(runs["young"].root)
+    assert proc.returncode == 0, proc.stderr
+    # star is new to the champion: its head row starts fresh, so the run takes the full schedule on every image
+    assert "in their first 3 runs (star: run 1): the full schedule (train.epochs) on every train image" in proc.stderr
+    a, b, off, young = (_report(runs[k]) for k in ("straight", "killed", "off", "young"))
+    assert a["schedule"] == {"warm": True, "epochs": 3, "lr": 0.001} and a["epochs"] == 3  # train.warm
+    assert a["class_runs"] == young["class_runs"] == {"star": 1}  # the champion counted nothing: established
     r = a["replay"]
     assert r["new_batches"] == ["batch-2"] and r["new_images"] > 0 and r["old_images"] > r["old_per_epoch"] > 0
     train_images = r["new_images"] + r["old_images"]
     assert _steps_per_epoch(runs["straight"]) == [-(-(r["new_images"] + r["old_per_epoch"]) // 4)] * 3
     assert off["replay"] is None and _steps_per_epoch(runs["off"]) == [-(-train_images // 4)] * 3
+    assert young["schedule"] == {"warm": False, "epochs": 3, "lr": 0.002} and young["replay"] is None
+    assert _steps_per_epoch(runs["young"]) == [-(-train_images // 4)] * 3
     assert b["resumed_from"] == LAST and b["replay"] == r
 
     def losses(paths: Paths) -> list[tuple[int, float]]:

@@ -141,6 +141,27 @@ def test_a_new_class_keeps_the_full_schedule_for_its_first_new_class_runs_runs_t
     assert schedule(p, champion, odd, names).epochs == 12 and next_class_runs(odd, names) == {}
 
 
+def test_replay_applies_to_warm_runs_and_not_while_a_class_is_young():
+    from retrain.config import TrainParams, WarmParams
+    from retrain.detector.files import ModelFile
+    from retrain.training.train import known_batches
+
+    p = TrainParams(epochs=30, warm=WarmParams(epochs=12, new_class_runs=2))
+    champion = {"kind": "champion", "model": "m", "version": "3"}
+    names = ("circle", "star")
+    settled = ModelFile({}, {}, names, 320, {"batches": ["b1", "b2"], "class_runs": {"star": 2}})
+    assert known_batches(p, settled, champion, names) == ["b1", "b2"]  # star's 3rd run: replay
+    young = ModelFile({}, {}, names, 320, {"batches": ["b1", "b2"], "class_runs": {"star": 1}})
+    assert known_batches(p, young, champion, names) is None  # star's 2nd run: every image, as the schedule is full
+    old = ModelFile({}, {}, ("circle",), 320, {"batches": ["b1"]})
+    assert known_batches(p, old, champion, names) is None  # star arrives
+    assert known_batches(p, old, champion, ("circle",)) == ["b1"]
+    never = p.model_copy(update={"warm": WarmParams(epochs=12, new_class_runs=0)})
+    assert known_batches(never, old, champion, names) == ["b1"]  # 0: a new class takes the warm run and replay
+    assert known_batches(p.model_copy(update={"replay": False}), settled, champion, names) is None  # replay: off
+    assert known_batches(p, settled, {"kind": "file", "path": "x.pt"}, names) is None  # base_model: everything
+
+
 def test_the_flows_progress_bar_reads_the_warm_epochs_from_the_train_stages_log_line(tmp_path, caplog):
     import logging
 

@@ -168,32 +168,47 @@ def next_class_runs(base: ModelFile | None, names: tuple[str, ...]) -> dict[str,
     return {n: 1 if n not in base.names else counted[n] + 1 for n in names if n not in base.names or n in counted}
 
 
+def young_classes(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None, names: tuple[str, ...]
+                  ) -> dict[str, int]:
+    """Classes in their first ``warm.new_class_runs`` runs since they arrived new to the champion, with the count this
+    run gives them; none unless the run starts from the champion with ``train.warm`` on."""
+    if base_info.get("kind") != "champion" or p.warm is False:
+        return {}
+    return {n: run for n, run in next_class_runs(base, names).items() if run <= p.warm.new_class_runs}
+
+
 def schedule(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None = None,
              names: tuple[str, ...] = ()) -> TrainParams:
     """The run's schedule: ``train.warm`` applied when the run starts from the champion (never more epochs than
     ``train.epochs``), else ``train`` as it is.
 
-    A class new to the champion starts with a fresh head row: the run that brings it takes the full schedule, and so
-    do the next ``warm.new_class_runs`` - 1 (in ``bench/retrain_cost.py`` a new class learned in 12 warm epochs scored
-    0.00 where the full schedule reached 0.27, and at 20 warm epochs after its first run it stayed at 0.18-0.52
-    where full runs reached 0.53-0.77).
+    A class new to the champion starts with a fresh head row: the run that brings it takes the full schedule on every
+    train image (no replay, see ``known_batches``), and so do the next ``warm.new_class_runs`` - 1 (in
+    ``bench/retrain_cost.py`` a new class learned in 12 warm epochs scored 0.00 where the full schedule reached 0.27,
+    at 20 warm epochs after its first run it stayed at 0.18-0.52 where full runs reached 0.53-0.77, and with the full
+    schedule on a replayed sample 0.40-0.61).
     """
     if base_info.get("kind") != "champion" or p.warm is False:
         return p
     w = p.warm
-    young = {n: run for n, run in next_class_runs(base, names).items() if run <= w.new_class_runs}
+    young = young_classes(p, base_info, base, names)
     if young:
-        log.info("classes new to the champion or in their first %d runs (%s): the full schedule (train.epochs), "
-                 "not train.warm", w.new_class_runs, ", ".join(f"{n}: run {run}" for n, run in young.items()))
+        log.info("classes new to the champion or in their first %d runs (%s): the full schedule (train.epochs) on "
+                 "every train image, not train.warm and train.replay", w.new_class_runs,
+                 ", ".join(f"{n}: run {run}" for n, run in young.items()))
         return p
     log.info(WARM_PLAN_LOG, min(w.epochs, p.epochs), w.lr, w.warmup_epochs, w.close_mosaic)
     return p.model_copy(update={"epochs": min(w.epochs, p.epochs), "lr": w.lr, "warmup_epochs": w.warmup_epochs,
                                 "augment": p.augment.model_copy(update={"close_mosaic": w.close_mosaic})})
 
 
-def known_batches(p: TrainParams, base: ModelFile | None, base_info: dict[str, Any]) -> list[str] | None:
-    """The batches the champion trained on, when replay sampling applies; ``None``: every epoch covers everything."""
+def known_batches(p: TrainParams, base: ModelFile | None, base_info: dict[str, Any], names: tuple[str, ...] = ()
+                  ) -> list[str] | None:
+    """The batches the champion trained on, when replay sampling applies; ``None``: every epoch covers everything
+    (no champion, ``replay: off``, or a class in its first ``warm.new_class_runs`` runs: ``schedule`` says so)."""
     if base is None or base_info.get("kind") != "champion" or p.replay is False:
+        return None
+    if young_classes(p, base_info, base, names):
         return None
     known = base.meta.get("batches")
     if not isinstance(known, list):
@@ -292,7 +307,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
     model = build_model(p.model, master.names)
     transfer = warm_start(model, base) if base is not None and resume is None else None
     sched = schedule(p, base_info, base, master.names)
-    dm = MasterDataModule(master, sched, params.runtime, paths.cache, known_batches(p, base, base_info))
+    dm = MasterDataModule(master, sched, params.runtime, paths.cache, known_batches(p, base, base_info, master.names))
     dm.setup("fit")
     channels_last = use_channels_last(p, model, paths.cache / "memory-format.json")
     run_p = sched.model_copy(update={"channels_last": "on" if channels_last else "off"})
