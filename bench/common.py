@@ -41,7 +41,7 @@ def update_results_md(section: str) -> None:
     if head in text:
         start = text.index(head)
         nxt = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[nxt + 1:] if nxt != -1 else "")
+        text = text[:start] + (section.rstrip("\n") + "\n\n" + text[nxt + 1:] if nxt != -1 else section)
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)

@@ -18,6 +18,11 @@ bench/RESULTS.md.  Usage:
 
     python bench/retrain_cost.py [--data sample|coco128] [--first 60] [--images 24] [--epochs 40]
                                  [--champion-epochs 3] [--imgsz 160] [--batch 8]
+
+Each workspace times a training step in NCHW and channels_last once per model (``train.channels_last: auto``) and the
+two formats' arithmetic differs, so two runs' week-1 champions differ; ``result.json`` records the choices, and a
+development run given ``--formats-from`` that file trains in them and reproduces that run's weeks (the eighth
+development run in RESULTS.md did: weeks 1-5 of (c) equal to the fourth decimal).
 """
 
 from __future__ import annotations
@@ -92,15 +97,19 @@ def _judge(paths: Paths, champion: RegisteredModel | None) -> dict[str, Any]:
 
 
 def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs: int, only: str = "abc",
-        warm_epochs: int | None = None) -> dict[str, Any]:
+        warm: dict[str, Any] | None = None, formats: dict[str, bool] | None = None) -> dict[str, Any]:
     paths = init_workspace(base / "ws", remote=str(base / "remote"))
+    fmt_file = paths.cache / "memory-format.json"  # train.channels_last: auto's choice per model, timed or given
+    if formats:
+        fmt_file.parent.mkdir(parents=True, exist_ok=True)
+        fmt_file.write_text(json.dumps(formats, indent=1))
     set_params(paths, {"runtime.workers": 0, "runtime.cache": "ram", "evaluate.bootstrap": 50,
                        "validate.instances_level": "warn", "validate.val_fraction_level": "warn",
                        "validate.drift_level": "warn"})
     tp = _params(paths).train  # (c) as params.yaml has them
     defaults: dict[str, Any] = {k: v.model_dump() if v else v for k, v in (("warm", tp.warm), ("replay", tp.replay))}
-    if warm_epochs is not None and defaults["warm"]:
-        defaults["warm"] = {**defaults["warm"], "epochs": warm_epochs}
+    if warm and defaults["warm"]:
+        defaults["warm"] = {**defaults["warm"], **warm}
     champions: dict[str, RegisteredModel | None] = {}
     weeks: list[dict[str, Any]] = []
     models = base / "models"
@@ -132,14 +141,15 @@ def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs
                 if judged["promoted"]:
                     champions[key] = RegisteredModel("bench", f"{week}{key}", kept)
                 row["policies"][key] = {"seconds": seconds, "epochs": report["epochs"],
-                                        "replay": report.get("replay"), **judged}
+                                        "replay": report.get("replay"), "class_runs": report.get("class_runs"),
+                                        **judged}
                 print(f"week {week} ({name}): {seconds:.0f} s, {report['epochs']} epochs, test mAP50-95 "
                       f"{judged['map']:.4f} (champion {judged['champion_map']:.4f}), "
                       f"{'promoted' if judged['promoted'] else 'not promoted'}", flush=True)
         weeks.append(row)
     master = json.loads((paths.master / "annotations.json").read_text())
     splits = {s: sum(im.get("split") == s for im in master["images"]) for s in ("train", "val", "test")}
-    return {"weeks": weeks, "splits": splits, "defaults": defaults}
+    return {"weeks": weeks, "splits": splits, "defaults": defaults, "formats": json.loads(fmt_file.read_text())}
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
@@ -202,6 +212,10 @@ def section(result: dict[str, Any], args: argparse.Namespace, wall: float, png: 
             r = row["policies"][key]
             rp = r["replay"]
             per_epoch = f"{rp['new_images']} + {rp['old_per_epoch']} of {rp['old_images']}" if rp else "all"
+            limit = d["warm"]["new_class_runs"] if d["warm"] else 0
+            young = {k: n for k, n in (r.get("class_runs") or {}).items() if n <= limit}
+            if key == "c" and young:  # why a warm run trained the full schedule on every image
+                per_epoch += " (young: " + ", ".join(f"{k} run {n}" for k, n in young.items()) + ")"
             lines.append(
                 f"| {row['week']} | ({key}) {name} | {r['seconds']:.0f} | {r['epochs']} | {per_epoch} | "
                 f"{r['map']:.4f} | {r['champion_map']:.4f} | {'yes' if r['promoted'] else 'no'} | "
@@ -222,6 +236,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--policies", default="abc", help="development: a subset (e.g. c) is printed, not written")
     ap.add_argument("--warm-epochs", type=int, help="development: train.warm.epochs for (c) instead of params'")
+    ap.add_argument("--new-class-runs", type=int, help="development: train.warm.new_class_runs for (c)")
+    ap.add_argument("--formats-from", type=Path, help="development: train in the memory formats an earlier run's "
+                    "result.json recorded (its 'formats'), so that its weeks are reproduced, not re-timed")
     ap.add_argument("--from-json", type=Path, help="write the section and plot from an earlier run's result.json")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -232,11 +249,16 @@ def main() -> None:
         batches = sample_weeks(base, args.first, args.images) if args.data == "sample" else coco128_batches(base, WEEKS)
         recipe = {"imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "base_model": "", "seed": 0,
                   "patience": args.epochs}
-        result = run(batches, base, recipe, args.champion_epochs, args.policies, args.warm_epochs)
+        warm = {k: v for k, v in (("epochs", args.warm_epochs), ("new_class_runs", args.new_class_runs))
+                if v is not None}
+        formats = json.loads(args.formats_from.read_text())["formats"] if args.formats_from else None
+        result = run(batches, base, recipe, args.champion_epochs, args.policies, warm, formats)
         result["wall"] = time.perf_counter() - t0
         (base / "result.json").write_text(json.dumps(result, indent=1))
         print(f"raw results: {base / 'result.json'}")
-    if args.policies != "abc":  # a development run: its figures on the terminal, RESULTS.md untouched
+    development = args.policies != "abc" or any(
+        v is not None for v in (args.warm_epochs, args.new_class_runs, args.formats_from))
+    if development:  # its figures on the terminal, RESULTS.md untouched
         print(json.dumps(result["weeks"][-1], indent=1))
         return
     png = f"retrain_cost_{args.data}.png"
