@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 from pathlib import Path
@@ -226,6 +227,38 @@ def test_ddp_on_cpus_trains_in_one_memory_format_without_timing_each_rank(tmp_pa
     monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun's
     assert trainer.use_channels_last(cpu, model, tmp_path / "fmt.json") is False
     assert trainer.use_channels_last(cpu.model_copy(update={"channels_last": "on", "num_nodes": 2}), model) is True
+
+
+def test_a_memory_format_timed_once_serves_every_workspace_on_the_machine(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch):
+    from retrain.training import trainer
+
+    timings: list[bool] = []
+
+    def timed(model: object, imgsz: int, batch: int, channels_last: bool) -> float:
+        timings.append(channels_last)
+        return 0.1 if channels_last else 0.2  # channels_last wins
+
+    monkeypatch.setattr(trainer, "_step_seconds", timed)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    machine = trainer.machine_cache()
+    assert machine == tmp_path / "xdg" / "retrain" / "memory-format.json"
+    model = build_model("yolo11n.yaml", ["a"])
+    p = TrainParams(accelerator="cpu", imgsz=64)
+    first, second = tmp_path / "ws1" / "fmt.json", tmp_path / "ws2" / "fmt.json"
+    assert trainer.use_channels_last(p, model, first, machine) is True
+    assert timings == [False, True]  # timed once, both formats
+    assert trainer.use_channels_last(p, model, second, machine) is True
+    assert timings == [False, True]  # another workspace: the machine's answer, not timed again
+    assert json.loads(second.read_text()) == json.loads(first.read_text()) == json.loads(machine.read_text())
+    # The workspace's own record wins (a resumed run keeps its format), even against an edited machine record.
+    key = next(iter(json.loads(machine.read_text())))
+    machine.write_text(json.dumps({key: False}))
+    assert trainer.use_channels_last(p, model, first, machine) is True
+    assert trainer.use_channels_last(p, model, tmp_path / "ws3" / "fmt.json", machine) is False
+    machine.write_text("not json")  # a damaged record is timed again and rewritten
+    assert trainer.use_channels_last(p, model, tmp_path / "ws4" / "fmt.json", machine) is True
+    assert len(timings) == 4 and json.loads(machine.read_text()) == {key: True}
 
 
 @pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])

@@ -41,7 +41,7 @@ from retrain.training.callbacks import LAST, PREVIOUS
 from retrain.training.datamodule import MasterDataModule
 from retrain.training.module import DetectorModule
 from retrain.training.report import TrainReport
-from retrain.training.trainer import build_trainer, keep_freed_memory, use_channels_last
+from retrain.training.trainer import build_trainer, keep_freed_memory, machine_cache, use_channels_last
 from retrain.validation.verdict import require_validated
 from retrain.workspace import require_workspace
 
@@ -202,7 +202,7 @@ def schedule(p: TrainParams, base_info: dict[str, Any], base: ModelFile | None =
                                 "augment": p.augment.model_copy(update={"close_mosaic": w.close_mosaic})})
 
 
-def known_batches(p: TrainParams, base: ModelFile | None, base_info: dict[str, Any], names: tuple[str, ...] = ()
+def known_batches(p: TrainParams, base: ModelFile | None, base_info: dict[str, Any], names: tuple[str, ...]
                   ) -> list[str] | None:
     """The batches the champion trained on, when replay sampling applies; ``None``: every epoch covers everything
     (no champion, ``replay: off``, or a class in its first ``warm.new_class_runs`` runs: ``schedule`` says so)."""
@@ -309,7 +309,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
     sched = schedule(p, base_info, base, master.names)
     dm = MasterDataModule(master, sched, params.runtime, paths.cache, known_batches(p, base, base_info, master.names))
     dm.setup("fit")
-    channels_last = use_channels_last(p, model, paths.cache / "memory-format.json")
+    channels_last = use_channels_last(p, model, paths.cache / "memory-format.json", machine_cache())
     run_p = sched.model_copy(update={"channels_last": "on" if channels_last else "off"})
     if base is not None and p.warmup_bias_lr:
         # A warm start's biases are fitted already: a high warm-up LR on them (50x lr for AdamW) undid most of a

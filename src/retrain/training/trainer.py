@@ -111,15 +111,34 @@ def multi_process(params: TrainParams) -> bool:
         devices.isdigit() and int(devices) > 1)
 
 
-def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None, cache: Path | None = None) -> bool:
+def machine_cache() -> Path:
+    """This machine's record of ``channels_last: auto``'s choices, shared by its workspaces:
+    ``$XDG_CACHE_HOME/retrain/memory-format.json`` (default ``~/.cache/retrain``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "retrain" / "memory-format.json"
+
+
+def _read_choices(path: Path | None) -> dict[str, bool]:
+    if path is None or not path.is_file():
+        return {}
+    with contextlib.suppress(OSError, ValueError):
+        known = json.loads(path.read_text())
+        if isinstance(known, dict):
+            return {k: v for k, v in known.items() if isinstance(v, bool)}
+    return {}
+
+
+def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None, cache: Path | None = None,
+                      machine: Path | None = None) -> bool:
     """Whether to train in channels_last memory format.
 
     ``auto``: on CUDA, yes (faster convolutions there).  On a CPU it depends on the processor (oneDNN's NHWC
     kernels won on a Xeon with AMX and may lose elsewhere: ``bench/RESULTS.md``), so one training step
-    of ``model`` is timed in both formats, once per processor, torch version, thread count, model and size; the
-    answer is cached in ``cache`` (a JSON file), so a resumed run makes the same choice.  A run of several
-    processes (DDP) on CPUs trains in NCHW: DDP needs one format on every rank, and ranks on other machines would
-    time their own processors.
+    of ``model`` is timed in both formats, once per processor, torch version, thread count, model and size.  The
+    answer is kept in ``cache`` (the workspace's JSON file: a resumed run makes the same choice, whatever happens
+    to the machine's record) and in ``machine`` (``machine_cache()``: every workspace on this machine then trains
+    in the same format; the two formats' arithmetic differs, and when the timings are close, timing again in each
+    workspace made two runs of the same data pick differently).  A run of several processes (DDP) on CPUs trains
+    in NCHW: DDP needs one format on every rank, and ranks on other machines would time their own processors.
     """
     if params.channels_last != "auto":
         return params.channels_last == "on"
@@ -128,19 +147,29 @@ def use_channels_last(params: TrainParams, model: torch.nn.Module | None = None,
     if model is None or multi_process(params):
         return False  # every rank of a DDP run must use one format, and each would time its own CPU's
     key = measurement_key(model, params.imgsz)
-    known: dict[str, bool] = {}
-    if cache is not None and cache.is_file():
-        with contextlib.suppress(OSError, ValueError):
-            known = json.loads(cache.read_text())
-    if key not in known:
+    known = _read_choices(cache)
+    if key in known:
+        return known[key]
+    shared = _read_choices(machine)
+    if key in shared:
+        known[key] = shared[key]
+        log.info("memory format: %s, as timed before on this CPU (%s)", "channels_last" if known[key] else "NCHW",
+                 machine)
+    else:
         batch = min(params.batch, 4)
         nchw, nhwc = _step_seconds(model, params.imgsz, batch, False), _step_seconds(model, params.imgsz, batch, True)
         known[key] = nhwc < nchw
         log.info("memory format: one training step (batch %d, imgsz %d) took %.3f s in NCHW, %.3f s in channels_last"
                  " on this CPU: training in %s", batch, params.imgsz, nchw, nhwc,
                  "channels_last" if known[key] else "NCHW")
-        if cache is not None:
-            write_atomic(cache, json.dumps(known, indent=1, sort_keys=True))
+        if machine is not None:
+            try:
+                write_atomic(machine, json.dumps({**_read_choices(machine), key: known[key]}, indent=1,
+                                                 sort_keys=True))
+            except OSError as e:  # a read-only home: the workspace's record still holds
+                log.warning("memory format: could not record the choice in %s (%s)", machine, e)
+    if cache is not None:
+        write_atomic(cache, json.dumps(known, indent=1, sort_keys=True))
     return known[key]
 
 
