@@ -149,7 +149,8 @@ def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs
         weeks.append(row)
     master = json.loads((paths.master / "annotations.json").read_text())
     splits = {s: sum(im.get("split") == s for im in master["images"]) for s in ("train", "val", "test")}
-    return {"weeks": weeks, "splits": splits, "defaults": defaults, "formats": json.loads(fmt_file.read_text())}
+    chosen = json.loads(fmt_file.read_text()) if fmt_file.is_file() else {}  # none timed: CUDA, or set by hand
+    return {"weeks": weeks, "splits": splits, "defaults": defaults, "formats": chosen}
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
