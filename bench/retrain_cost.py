@@ -246,13 +246,16 @@ def main() -> None:
     if args.from_json:  # the section and plot again from a run's raw results
         result = json.loads(args.from_json.read_text())
     else:
+        formats = json.loads(args.formats_from.read_text()).get("formats") if args.formats_from else None
+        if args.formats_from and not formats:
+            sys.exit(f"{args.formats_from}: records no memory formats ('formats'): a run before the bench kept them, "
+                     "or one that timed none")
         base = Path(tempfile.mkdtemp(prefix="retrain-cost-"))
         batches = sample_weeks(base, args.first, args.images) if args.data == "sample" else coco128_batches(base, WEEKS)
         recipe = {"imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "base_model": "", "seed": 0,
                   "patience": args.epochs}
         warm = {k: v for k, v in (("epochs", args.warm_epochs), ("new_class_runs", args.new_class_runs))
                 if v is not None}
-        formats = json.loads(args.formats_from.read_text())["formats"] if args.formats_from else None
         result = run(batches, base, recipe, args.champion_epochs, args.policies, warm, formats)
         result["wall"] = time.perf_counter() - t0
         (base / "result.json").write_text(json.dumps(result, indent=1))
