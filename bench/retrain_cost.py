@@ -23,6 +23,11 @@ Each workspace times a training step in NCHW and channels_last once per model (`
 two formats' arithmetic differs, so two runs' week-1 champions differ; ``result.json`` records the choices, and a
 development run given ``--formats-from`` that file trains in them and reproduces that run's weeks (the eighth
 development run in RESULTS.md did: weeks 1-5 of (c) equal to the fourth decimal).
+
+One run's week 6 compares chains whose earlier weeks differ (a refused week moves everything after it), and a seed
+moves a class's AP by 0.02 at this size. ``--same-state RUN_DIR`` (development) trains week 6 again from the champion
+an earlier run's (c) entered it with, as (b) and as (c), once per ``--seeds``: the policy's own difference, and its
+spread.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -97,7 +103,8 @@ def _judge(paths: Paths, champion: RegisteredModel | None) -> dict[str, Any]:
 
 
 def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs: int, only: str = "abc",
-        warm: dict[str, Any] | None = None, formats: dict[str, bool] | None = None) -> dict[str, Any]:
+        warm: dict[str, Any] | None = None, formats: dict[str, bool] | None = None,
+        replay: dict[str, Any] | None = None) -> dict[str, Any]:
     paths = init_workspace(base / "ws", remote=str(base / "remote"))
     fmt_file = paths.cache / "memory-format.json"  # train.channels_last: auto's choice per model, timed or given
     if formats:
@@ -110,6 +117,8 @@ def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs
     defaults: dict[str, Any] = {k: v.model_dump() if v else v for k, v in (("warm", tp.warm), ("replay", tp.replay))}
     if warm and defaults["warm"]:
         defaults["warm"] = {**defaults["warm"], **warm}
+    if replay and defaults["replay"]:
+        defaults["replay"] = {**defaults["replay"], **replay}
     champions: dict[str, RegisteredModel | None] = {}
     weeks: list[dict[str, Any]] = []
     models = base / "models"
@@ -151,6 +160,50 @@ def run(batches: list[Path], base: Path, recipe: dict[str, Any], champion_epochs
     splits = {s: sum(im.get("split") == s for im in master["images"]) for s in ("train", "val", "test")}
     chosen = json.loads(fmt_file.read_text()) if fmt_file.is_file() else {}  # none timed: CUDA, or set by hand
     return {"weeks": weeks, "splits": splits, "defaults": defaults, "formats": chosen}
+
+
+def same_state(run_dir: Path, seeds: list[int], warm: dict[str, Any], replay: dict[str, Any]) -> dict[str, Any]:
+    """Development: week 6 again from the champion an earlier run's (c) entered it with, once per seed, as (b) (the
+    full schedule on every image) and as (c) (that run's ``train.warm`` and ``train.replay``, with the options'
+    overrides). Both start from the same model on the same master, so their difference is the policy's, and the
+    seeds give its spread (a single run's week 6 compares two chains, whose earlier weeks differ)."""
+    earlier = json.loads((run_dir / "result.json").read_text())
+    last = 1
+    for row in earlier["weeks"][1:-1]:
+        if row["policies"].get("c", {}).get("promoted"):
+            last = row["week"]
+    weights = run_dir / "models" / ("week-1.pt" if last == 1 else f"week-{last}-c.pt")
+    champion = RegisteredModel("bench", f"{last}c", weights)
+    ws = Path(tempfile.mkdtemp(prefix="retrain-cost-same-")) / "ws"
+    shutil.copytree(run_dir / "ws", ws, symlinks=True)  # the master as week 6 trained on it
+    paths = Paths(ws)
+    d = earlier["defaults"]
+    c_policy = {"use_champion": True, "warm": {**d["warm"], **warm}, "replay": {**d["replay"], **replay}}
+    rows: list[dict[str, Any]] = []
+    for seed in seeds:
+        for key, policy in (("b", POLICIES["b"][1]), ("c", c_policy)):
+            shutil.rmtree(paths.checkpoints, ignore_errors=True)  # a fresh run, not a resumed one
+            _, seconds, report = _train(paths, champion, {**policy, "seed": seed}, {})
+            judged = _judge(paths, champion)
+            rows.append({"seed": seed, "policy": key, "seconds": seconds, "epochs": report["epochs"],
+                         "replay": report.get("replay"), **judged})
+            print(f"seed {seed} ({key}): {seconds:.0f} s, {report['epochs']} epochs, test mAP50-95 {judged['map']:.4f} "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in judged["per_class"].items()), flush=True)
+    b = {r["seed"]: r for r in rows if r["policy"] == "b"}
+    c = {r["seed"]: r for r in rows if r["policy"] == "c"}
+    old = sorted(earlier["weeks"][0]["first"]["per_class"])
+    gaps = [c[s]["map"] - b[s]["map"] for s in seeds]
+    worst = [min(c[s]["per_class"][k] - b[s]["per_class"][k] for k in old) for s in seeds]
+    per_class = {k: statistics.mean(c[s]["per_class"][k] - b[s]["per_class"][k] for s in seeds)
+                 for k in c[seeds[0]]["per_class"]}
+    summary = {"champion": weights.name, "c": c_policy, "seeds": seeds,
+               "time_c_over_b": statistics.mean(c[s]["seconds"] / b[s]["seconds"] for s in seeds),
+               "map_b": statistics.mean(b[s]["map"] for s in seeds),
+               "map_c": statistics.mean(c[s]["map"] for s in seeds),
+               "gap_mean": statistics.mean(gaps), "gap_sd": statistics.pstdev(gaps), "gaps": gaps,
+               "worst_old_class": worst, "per_class_gap_mean": per_class}
+    shutil.rmtree(ws.parent, ignore_errors=True)
+    return {"rows": rows, "summary": summary}
 
 
 def plot(result: dict[str, Any], out: Path) -> None:
@@ -241,8 +294,19 @@ def main() -> None:
     ap.add_argument("--formats-from", type=Path, help="development: train in the memory formats an earlier run's "
                     "result.json recorded (its 'formats'), so that its weeks are reproduced, not re-timed")
     ap.add_argument("--from-json", type=Path, help="write the section and plot from an earlier run's result.json")
+    ap.add_argument("--same-state", type=Path, metavar="RUN_DIR",
+                    help="development: week 6 again, as (b) and as (c), from the champion that an earlier run's (c) "
+                    "entered it with (RUN_DIR: that run's temp dir: result.json, ws/, models/), once per --seeds")
+    ap.add_argument("--seeds", default="0,1,2,3", help="with --same-state: the training seeds")
+    ap.add_argument("--old-fraction", type=float, help="development: train.replay.old_fraction for (c)")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    warm = {k: v for k, v in (("epochs", args.warm_epochs), ("new_class_runs", args.new_class_runs)) if v is not None}
+    replay = {} if args.old_fraction is None else {"old_fraction": args.old_fraction}
+    if args.same_state:
+        same = same_state(args.same_state, [int(s) for s in args.seeds.split(",")], warm, replay)
+        print(json.dumps(same["summary"], indent=1))
+        return
     if args.from_json:  # the section and plot again from a run's raw results
         result = json.loads(args.from_json.read_text())
     else:
@@ -254,14 +318,12 @@ def main() -> None:
         batches = sample_weeks(base, args.first, args.images) if args.data == "sample" else coco128_batches(base, WEEKS)
         recipe = {"imgsz": args.imgsz, "epochs": args.epochs, "batch": args.batch, "base_model": "", "seed": 0,
                   "patience": args.epochs}
-        warm = {k: v for k, v in (("epochs", args.warm_epochs), ("new_class_runs", args.new_class_runs))
-                if v is not None}
-        result = run(batches, base, recipe, args.champion_epochs, args.policies, warm, formats)
+        result = run(batches, base, recipe, args.champion_epochs, args.policies, warm, formats, replay)
         result["wall"] = time.perf_counter() - t0
         (base / "result.json").write_text(json.dumps(result, indent=1))
         print(f"raw results: {base / 'result.json'}")
     development = args.policies != "abc" or any(
-        v is not None for v in (args.warm_epochs, args.new_class_runs, args.formats_from))
+        v is not None for v in (args.warm_epochs, args.new_class_runs, args.formats_from, args.old_fraction))
     if development:  # its figures on the terminal, RESULTS.md untouched
         print(json.dumps(result["weeks"][-1], indent=1))
         return
