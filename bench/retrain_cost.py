@@ -168,6 +168,8 @@ def same_state(run_dir: Path, seeds: list[int], warm: dict[str, Any], replay: di
     overrides). Both start from the same model on the same master, so their difference is the policy's, and the
     seeds give its spread (a single run's week 6 compares two chains, whose earlier weeks differ)."""
     earlier = json.loads((run_dir / "result.json").read_text())
+    if not any("c" in row["policies"] for row in earlier["weeks"][1:]) or not earlier["defaults"]["warm"]:
+        sys.exit(f"{run_dir}: that run trained no (c) with train.warm on; --same-state needs one")
     last = 1
     for row in earlier["weeks"][1:-1]:
         if row["policies"].get("c", {}).get("promoted"):
@@ -178,7 +180,8 @@ def same_state(run_dir: Path, seeds: list[int], warm: dict[str, Any], replay: di
     shutil.copytree(run_dir / "ws", ws, symlinks=True)  # the master as week 6 trained on it
     paths = Paths(ws)
     d = earlier["defaults"]
-    c_policy = {"use_champion": True, "warm": {**d["warm"], **warm}, "replay": {**d["replay"], **replay}}
+    c_policy = {"use_champion": True, "warm": {**d["warm"], **warm},
+                "replay": {**d["replay"], **replay} if d["replay"] else False}
     rows: list[dict[str, Any]] = []
     for seed in seeds:
         for key, policy in (("b", POLICIES["b"][1]), ("c", c_policy)):
