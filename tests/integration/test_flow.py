@@ -117,29 +117,30 @@ def test_the_flow_runs_the_dvc_stages_then_has_nothing_to_retrain(first: SimpleN
     assert "Running stage" not in run_dvc("repro", cwd=paths.root)
     assert "in sync" in run_dvc("status", "--cloud", cwd=paths.root)
 
-    # Nothing new: the next run does nothing, quickly, and touches neither the registry nor the data.
-    before = (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
-              git("rev-parse", "HEAD", cwd=paths.root))
+    # Nothing new: the next run does nothing, and touches neither the registry nor the data. (How long it takes is
+    # printed, not asserted: a wall-clock bound failed on a loaded CI machine, and timings belong to bench/.)
+    def state_now() -> tuple[Any, ...]:
+        return (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
+                git("rev-parse", "HEAD", cwd=paths.root))
+
+    before = state_now()
     t0 = time.perf_counter()
     state = retrain(project=str(paths.root), return_state=True)
-    seconds = time.perf_counter() - t0
+    print(f"a run with nothing to retrain: {time.perf_counter() - t0:.1f} s")
     again = outcome(state)
     assert again["nothing_to_retrain"] is True and not any(again["stages"].values()), again
-    assert seconds < 30, seconds
     names, _ = flow_run_contents(state.state_details.flow_run_id)
     assert names == [*STAGES, "dvc-push"]  # each stage asked DVC, which said it is up to date; push is a no-op
-    assert before == (tree_hash(paths.master), tree_hash(paths.root / "dvc.lock"), registry_state(paths.root),
-                      git("rev-parse", "HEAD", cwd=paths.root))
+    assert state_now() == before
 
-    # The same from the command line, on its own local Prefect API, as a user types it.
+    # The same from the command line, on its own local Prefect API, as a user types it (most of its time is that API
+    # starting in a new process; then each stage asks DVC, a process each).
     t0 = time.perf_counter()
     proc = run_cli("run", cwd=paths.root, env=cli_env(first.base / "prefect-cli"))
-    seconds = time.perf_counter() - t0
+    print(f"`retrain run` with nothing to retrain, a new local Prefect API included: {time.perf_counter() - t0:.1f} s")
     assert proc.returncode == 0 and "nothing to retrain" in proc.stdout, proc.stdout + proc.stderr
-    # Most of it is the local Prefect API starting in a new process (about 20 s on 2 cores); each of the six stages
-    # then asks DVC (a process each, about 1 s). It was 34 s once on 2 cores with the audit stage added (under 30 s
-    # with five stages): the bound says "seconds, not a training", and asking DVC once for all stages is the next gain.
-    assert seconds < 45, seconds
+    assert "Running stage" not in proc.stdout + proc.stderr
+    assert state_now() == before
 
 
 def test_a_bad_batch_fails_the_run_at_ingest_and_changes_nothing(first: SimpleNamespace, samples: Path) -> None:
