@@ -167,7 +167,15 @@ def same_state(run_dir: Path, seeds: list[int], warm: dict[str, Any], replay: di
     full schedule on every image) and as (c) (that run's ``train.warm`` and ``train.replay``, with the options'
     overrides). Both start from the same model on the same master, so their difference is the policy's, and the
     seeds give its spread (a single run's week 6 compares two chains, whose earlier weeks differ)."""
-    earlier = json.loads((run_dir / "result.json").read_text())
+    missing = [str(run_dir / n) for n in ("result.json", "ws", "models") if not (run_dir / n).exists()]
+    if missing:
+        sys.exit(f"{run_dir}: not a retrain_cost run's temp dir (missing: {', '.join(missing)})")
+    try:
+        earlier = json.loads((run_dir / "result.json").read_text())
+    except ValueError as exc:
+        sys.exit(f"{run_dir / 'result.json'}: not JSON ({exc})")
+    if not isinstance(earlier, dict) or not {"weeks", "defaults"} <= earlier.keys():
+        sys.exit(f"{run_dir / 'result.json'}: records no 'weeks' and 'defaults': not a retrain_cost run's result")
     if not any("c" in row["policies"] for row in earlier["weeks"][1:]) or not earlier["defaults"]["warm"]:
         sys.exit(f"{run_dir}: that run trained no (c) with train.warm on; --same-state needs one")
     last = 1
@@ -175,6 +183,8 @@ def same_state(run_dir: Path, seeds: list[int], warm: dict[str, Any], replay: di
         if row["policies"].get("c", {}).get("promoted"):
             last = row["week"]
     weights = run_dir / "models" / ("week-1.pt" if last == 1 else f"week-{last}-c.pt")
+    if not weights.is_file():
+        sys.exit(f"{weights}: missing; it is the champion (c) entered week 6 with, and --same-state starts from it")
     champion = RegisteredModel("bench", f"{last}c", weights)
     ws = Path(tempfile.mkdtemp(prefix="retrain-cost-same-")) / "ws"
     shutil.copytree(run_dir / "ws", ws, symlinks=True)  # the master as week 6 trained on it
@@ -307,7 +317,11 @@ def main() -> None:
     warm = {k: v for k, v in (("epochs", args.warm_epochs), ("new_class_runs", args.new_class_runs)) if v is not None}
     replay = {} if args.old_fraction is None else {"old_fraction": args.old_fraction}
     if args.same_state:
-        same = same_state(args.same_state, [int(s) for s in args.seeds.split(",")], warm, replay)
+        try:
+            seeds = [int(s) for s in args.seeds.split(",")]
+        except ValueError:
+            sys.exit(f"--seeds {args.seeds!r}: give integers separated by commas, e.g. 0,1,2,3")
+        same = same_state(args.same_state, seeds, warm, replay)
         print(json.dumps(same["summary"], indent=1))
         return
     if args.from_json:  # the section and plot again from a run's raw results
