@@ -17,7 +17,7 @@ from xml.etree import ElementTree as ET
 REPO = Path(__file__).resolve().parents[1]
 
 #: Keys of params.yaml's ``runtime`` section (speed, not results) that tests give together with ``train``'s.
-RUNTIME_KEYS = frozenset({"workers", "threads", "cache", "hugepages", "compile"})
+RUNTIME_KEYS = frozenset({"workers", "threads", "cache", "hugepages", "compile", "checkpoint_every_s"})
 
 
 #: A promotion gate for tests: any first model is promoted; a candidate must be better by 0.001 without forgetting.

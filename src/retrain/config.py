@@ -266,6 +266,11 @@ class RuntimeParams(_Section):
         default="auto", description="torch.compile the training step's forward; auto = when this machine's measured "
         "saving per step times the run's steps exceeds the compile time (measured once per CPU and shape, compiled "
         "artefacts cached in .cache/inductor/); a failed compile trains eagerly with one warning.")
+    checkpoint_every_s: float = Field(
+        default=0.0, ge=0, description="Seconds of training between writes of models/checkpoints/last.ckpt, the "
+        "resume point, at an epoch's end; 0 = every epoch; the final epoch always.  Where epochs take seconds (small "
+        "data: the demo) a write costs a noticeable share of each; a crash loses at most this much training and an "
+        "epoch.")
     registry_wait: float = Field(default=120.0, ge=0, description="Seconds one registry call is retried, with "
                                  "backoff, while the store is busy (sqlite locked) or unreachable, before the stage "
                                  "fails with exit 75 (which the flow retries `retrain.retries` times).")

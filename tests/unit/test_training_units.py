@@ -411,3 +411,52 @@ def test_a_run_that_stays_eager_leaves_torchs_compile_caches_where_they_were(tmp
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir() and not where.exists()
     (entry,) = compiled.read_known(tmp_path / ".cache" / "compile.json").values()
     assert set(entry) == {"eager_s"} and entry["eager_s"] > 0
+
+
+@pytest.mark.parametrize(("every_s", "stop_after", "written"), [
+    (0.0, None, [0, 1, 2, 3, 4, 5]),  # every epoch, as before the knob
+    (60.0, None, [2, 5]),  # 25 s epochs: 75 s after the start, then the final epoch
+    (60.0, 3, [2, 3]),  # an early stop in epoch 3: that epoch is the final one and is written
+    (1000.0, None, [5]),
+])
+def test_last_checkpoint_is_written_once_per_interval_of_training_and_always_at_the_end(
+        tmp_path: Path, every_s: float, stop_after: int | None, written: list[int]):
+    """``runtime.checkpoint_every_s``: a real Lightning fit with a clock that moves 25 s an epoch; the epochs whose
+    ``last.ckpt`` reached the disk are read from the checkpoint IO (the atomic one the runs use)."""
+    import pytorch_lightning as pl
+
+    from retrain.training.callbacks import AtomicCheckpointIO, LastCheckpoint
+
+    now = [0.0]
+    saved: list[int] = []
+
+    class Recording(AtomicCheckpointIO):
+        def save_checkpoint(self, checkpoint: dict, path: object, storage_options: object = None) -> None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            saved.append(int(checkpoint["epoch"]))
+
+    class Clock(pl.Callback):  # runs before checkpoint callbacks (Lightning puts those last)
+        def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            now[0] += 25.0
+            if stop_after is not None and trainer.current_epoch == stop_after:
+                trainer.should_stop = True
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    last = LastCheckpoint(every_s, dirpath=tmp_path, filename=Path(LAST).stem, monitor=None, save_top_k=1,
+                          every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False)
+    last.clock = lambda: now[0]
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=6, logger=False, callbacks=[Clock(), last],
+                         plugins=[Recording()], enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    assert saved == written
+    assert torch.load(tmp_path / LAST, weights_only=True)["epoch"] == written[-1]

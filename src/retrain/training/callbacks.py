@@ -6,6 +6,10 @@
   epoch after a resume, and loader processes are persistent, so the epoch travels with each sampled key and
   the dataset starts it where items are made (``data.EpochSampler``, ``data.MasterDataset.start_epoch``).
 - ``FaultPoints``: named points for the fault tests (``RETRAIN_FAULT=train.epoch<N>``, in that epoch's 2nd batch).
+- ``LastCheckpoint``: ``last.ckpt`` (the resume point) at an epoch's end, at most once per
+  ``runtime.checkpoint_every_s`` seconds of training; the run's final epoch always.  Not Lightning's
+  ``train_time_interval``: it saves mid-epoch, and a run resumes exactly only at an epoch boundary, where the draws
+  of (seed, epoch) begin.
 - ``AtomicCheckpointIO``: checkpoints written to a temp file, fsynced and renamed; the previous ``last.ckpt``
   is kept as ``last.prev.ckpt`` (the fallback when the newest is damaged); loads are ``weights_only=True``.
 """
@@ -14,14 +18,16 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
-from pytorch_lightning.callbacks import Callback, EMAWeightAveraging
+from pytorch_lightning.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 
 from retrain.faults import fault_point
 from retrain.fsutil import fsync_dir
@@ -48,6 +54,29 @@ class WarmupEMA(EMAWeightAveraging):
         # Replaces the constant-decay per-tensor function EMAWeightAveraging set (AveragedModel prefers multi_avg_fn).
         self._kwargs["avg_fn"] = None
         self._kwargs["multi_avg_fn"] = ema
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Lightning's top-1 checkpoint without a monitor (``last.ckpt``), written at an epoch's end once ``every_s``
+    seconds passed since the previous write or the start of training; 0 = every epoch.  The final epoch (the last
+    of ``max_epochs``, or an early stop) is always written: with no validation run, it is the run's result."""
+
+    def __init__(self, every_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.every_s = every_s
+        self.clock: Callable[[], float] = time.monotonic
+        self._written = self.clock()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._written = self.clock()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        final = trainer.should_stop or trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
+        if not final and self.clock() - self._written < self.every_s:
+            return
+        super().on_train_epoch_end(trainer, pl_module)
+        self._written = self.clock()
 
 
 class FaultPoints(Callback):

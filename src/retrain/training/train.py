@@ -325,7 +325,7 @@ def train(paths: Paths, params: Params, champion: RegisteredModel | None, run_lo
                                                             _is_main_process())
     loggers = _loggers(paths, run_log, fp, meta.get("mlflow_run_id"), meta.get("global_step"))
     module.run_meta = {**fp, "mlflow_run_id": loggers[0].run_id}
-    trainer = build_trainer(run_p, paths.checkpoints, loggers, callbacks)
+    trainer = build_trainer(run_p, paths.checkpoints, loggers, callbacks, params.runtime.checkpoint_every_s)
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=str(resume) if resume else None)
     seconds = time.perf_counter() - t0

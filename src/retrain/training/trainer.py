@@ -22,7 +22,7 @@ from pytorch_lightning.callbacks import EarlyStopping, LearningRateMonitor, Mode
 from retrain.config import TrainParams
 from retrain.device import cpu_name, on_cuda
 from retrain.fsutil import write_atomic
-from retrain.training.callbacks import LAST, AtomicCheckpointIO, FaultPoints, WarmupEMA
+from retrain.training.callbacks import LAST, AtomicCheckpointIO, FaultPoints, LastCheckpoint, WarmupEMA
 
 log = logging.getLogger(__name__)
 
@@ -214,8 +214,8 @@ def _tensors(out: Any) -> list[torch.Tensor]:
     return [t for item in items for t in _tensors(item)]
 
 
-def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any], extra: list[Any] | None = None
-                  ) -> pl.Trainer:
+def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any], extra: list[Any] | None = None,
+                  last_every_s: float = 0.0) -> pl.Trainer:
     """The Trainer: EMA, last and best checkpoints, early stopping, LR monitor, fault points.
 
     Args:
@@ -223,14 +223,16 @@ def build_trainer(params: TrainParams, checkpoint_dir: Path, loggers: list[Any],
         checkpoint_dir: Where ``last.ckpt`` / ``best.ckpt`` go (outside any DVC output, so resume survives).
         loggers: Lightning loggers (MLflow, CSV).
         extra: More callbacks (progress reporting, for instance).
+        last_every_s: ``runtime.checkpoint_every_s``: seconds of training between writes of ``last.ckpt`` (0: each
+            epoch; the final epoch always).
 
     Returns:
         The configured Trainer.
     """
     # "last" as a top-1 checkpoint without a monitor: Lightning writes ``save_last`` only in epochs where a
     # top-k checkpoint was saved too, which with save_top_k=0 is never.
-    last = ModelCheckpoint(dirpath=checkpoint_dir, filename=Path(LAST).stem, monitor=None, save_top_k=1,
-                           every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False)
+    last = LastCheckpoint(last_every_s, dirpath=checkpoint_dir, filename=Path(LAST).stem, monitor=None, save_top_k=1,
+                          every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False)
     best = ModelCheckpoint(dirpath=checkpoint_dir, filename="best", monitor=MONITOR, mode="max", save_top_k=1,
                            auto_insert_metric_name=False, enable_version_counter=False,
                            save_on_train_epoch_end=False)  # after each validation, which may skip epochs
