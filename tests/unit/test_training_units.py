@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -261,15 +263,9 @@ def test_a_memory_format_timed_once_serves_every_workspace_on_the_machine(tmp_pa
     assert len(timings) == 4 and json.loads(machine.read_text()) == {key: True}
 
 
-@pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_the_optimizer_trains_with_gradient_clipping_in_every_precision(optimizer: str, precision: str):
-    """Lightning's mixed-precision plugin refuses clipping with a fused optimizer (seen on the first CUDA run)."""
+def _tiny_module(optimizer: Callable[[Any], torch.optim.Optimizer]) -> Any:
+    """A one-layer LightningModule whose loss is its output squared; ``optimizer(module)`` makes its optimizer."""
     import pytorch_lightning as pl
-
-    from retrain.training.module import make_optimizer
-
-    params = TrainParams(optimizer=optimizer, grad_clip=10.0)
 
     class Tiny(pl.LightningModule):
         def __init__(self) -> None:
@@ -280,13 +276,28 @@ def test_the_optimizer_trains_with_gradient_clipping_in_every_precision(optimize
             return self.layer(batch).pow(2).mean()
 
         def configure_optimizers(self) -> torch.optim.Optimizer:
-            return make_optimizer(params, [{"params": list(self.parameters())}], str(self.trainer.precision))
+            return optimizer(self)
+
+    return Tiny()
+
+
+@pytest.mark.parametrize("optimizer", ["AdamW", "SGD"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_the_optimizer_trains_with_gradient_clipping_in_every_precision(optimizer: str, precision: str):
+    """Lightning's mixed-precision plugin refuses clipping with a fused optimizer (seen on the first CUDA run)."""
+    import pytorch_lightning as pl
+
+    from retrain.training.module import make_optimizer
+
+    params = TrainParams(optimizer=optimizer, grad_clip=10.0)
+
+    def optimizer(module: Any) -> torch.optim.Optimizer:
+        return make_optimizer(params, [{"params": list(module.parameters())}], str(module.trainer.precision))
 
     trainer = pl.Trainer(accelerator="cpu", devices=1, precision=precision, gradient_clip_val=params.grad_clip,
                          max_steps=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
-    module = Tiny()
-    trainer.fit(module, torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    trainer.fit(_tiny_module(optimizer), torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
     assert trainer.global_step == 2
     fused = trainer.optimizers[0].defaults.get("fused")
     assert bool(fused) == (precision == "32-true"), trainer.optimizers[0].defaults
@@ -441,22 +452,12 @@ def test_last_checkpoint_is_written_once_per_interval_of_training_and_always_at_
             if stop_after is not None and trainer.current_epoch == stop_after:
                 trainer.should_stop = True
 
-    class Tiny(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 1)
-
-        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-            return self.layer(batch).pow(2).mean()
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     last = LastCheckpoint(every_s, dirpath=tmp_path, filename=Path(LAST).stem, monitor=None, save_top_k=1,
                           every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False)
     last.clock = lambda: now[0]
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=6, logger=False, callbacks=[Clock(), last],
                          plugins=[Recording()], enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
+    module = _tiny_module(lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+    trainer.fit(module, torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4))
     assert saved == written
     assert torch.load(tmp_path / LAST, weights_only=True)["epoch"] == written[-1]
