@@ -24,8 +24,9 @@ from retrain.workspace import commit, dvc, init_workspace, require_workspace, se
 #: for about the same time (the shapes are 24-120 px: 160 keeps them).  40 epochs (240 steps for the first model) and
 #: a val mAP every second epoch (a third of an epoch's time went to it, profiled) keep the demo within 12 minutes.
 DEMO_TRAIN = {"imgsz": 160, "batch": 4, "epochs": 40, "eval_interval": 2}
-#: An epoch takes 2-4 s here and a write of last.ckpt about 0.2 s: every epoch's write cost about a tenth of the
-#: training (profiled).  Once a minute instead: a crash loses at most a minute and an epoch.
+#: An epoch takes 2-4 s here and a write of last.ckpt 0.17-0.21 s (42 MB: weights, EMA, Adam state; measured): 8-10 s
+#: of a 130-150 s training (two A/B pairs could not resolve it from the host's noise).  Once a minute instead: a crash
+#: loses at most a minute and an epoch.
 DEMO_RUNTIME = {"checkpoint_every_s": 60}
 
 

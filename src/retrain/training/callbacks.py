@@ -73,7 +73,10 @@ class LastCheckpoint(ModelCheckpoint):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         final = trainer.should_stop or trainer.current_epoch + 1 >= (trainer.max_epochs or 0)
-        if not final and self.clock() - self._written < self.every_s:
+        # Rank 0's clock decides for all (as with Lightning's train_time_interval): ranks whose clocks differ would
+        # otherwise part at the save's barrier and hang.
+        if not final and self.every_s > 0 and not trainer.strategy.broadcast(
+                self.clock() - self._written >= self.every_s):
             return
         super().on_train_epoch_end(trainer, pl_module)
         self._written = self.clock()
